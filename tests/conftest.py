@@ -1,0 +1,23 @@
+import pytest
+import mlx.core as mx
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    "A 2-layer random-weight Llama (GQA 4:2, head_dim 64): fast contract tests without any download."
+    from mlx_lm.models import llama
+    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=128,
+                           tie_word_embeddings=True, head_dim=64)
+    mx.random.seed(0)
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.fixture(scope="session")
+def real():
+    "The embedded default model (SmolLM2-135M-Instruct) and real Wikipedia tokens."
+    from veloxquant.models import load_model, eval_tokens
+    model, tokenizer = load_model()
+    return model, tokenizer, eval_tokens(tokenizer, 1024)
