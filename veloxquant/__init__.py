@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/index.ipynb #538e5ce6
+# %% ../nbs/index.ipynb #fae9a875
 from .core import KVCacheConfig, KVCacheBuilder, compress, decompress, cache_report, method_ids, get_method
 from .cache import VQCache, Codec
 from .attention import install, uninstall
