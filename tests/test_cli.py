@@ -1,0 +1,43 @@
+"""The command line, end to end on the real default model (small sizes)."""
+import json, os, subprocess, sys
+
+import pytest
+
+from veloxquant.cli import parse_method
+
+
+def run(*args, timeout=600):
+    return subprocess.run([sys.executable, "-c", "import sys; from veloxquant.cli import main; main(sys.argv[1:])", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_small(tmp_path):
+    out = tmp_path / "demo.json"
+    r = run("demo", "--method", "affine:key_bits=8,value_bits=8", "--prompt-tokens", "300", "--max-tokens", "4",
+            "--heldout-tokens", "8", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "held-out ppl" in r.stdout and "affine key_bits=8" in r.stdout
+    rows = json.loads(out.read_text())
+    assert [r_["method"] for r_ in rows] == ["fp16", "affine"]
+    fp16, aff = rows
+    assert fp16["prompt_tokens"] == aff["prompt_tokens"] == 300
+    assert aff["kv_bytes"] < fp16["kv_bytes"] and aff["bits_per_element"] < 16
+    assert abs(aff["heldout_ppl"] / fp16["heldout_ppl"] - 1) < 0.05  # 8-bit: nearly unchanged
+
+
+def test_demo_bad_method_is_a_clear_error():
+    r = run("demo", "--method", "affine:key_bits=7")
+    assert r.returncode == 2 and "key_bits=7 is not allowed" in r.stderr
+
+
+def test_generate_with_method():
+    r = run("generate", "--method", "affine:key_bits=8,value_bits=8", "--prompt", "What is the capital of France?",
+            "--max-tokens", "12")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+
+
+def test_parse_method_values():
+    assert parse_method("fp16:reference=true").options.reference is True
+    with pytest.raises(ValueError, match="unknown option"):
+        parse_method("affine:bitz=3")
