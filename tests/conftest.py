@@ -21,3 +21,13 @@ def real():
     from veloxquant.models import load_model, eval_tokens
     model, tokenizer = load_model()
     return model, tokenizer, eval_tokens(tokenizer, 1024)
+
+
+def pytest_collection_modifyitems(config, items):
+    "Tests marked `gpu` need an MLX GPU back-end (Metal or CUDA); skip them elsewhere (CI also deselects them)."
+    from veloxquant.kernels import backend
+    if backend() is None:
+        skip = pytest.mark.skip(reason="needs an MLX GPU back-end (Metal or CUDA)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
