@@ -213,3 +213,24 @@ def test_real_generate_no_state_leak(real):
         assert s == a and pc[0].offset >= 200 and type(pc[0]).__name__ == "VQCache"
     finally:
         vq.decompress(model)
+
+
+def test_tampered_state_refused(tiny_model):
+    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("affine", key_bits=4, value_bits=4))
+    feed(tiny_model, caches, list(range(20)), (20,))
+    st_ = dict(caches[0].state)
+    bad = dict(st_, config=vq.KVCacheConfig("affine", key_bits=8, value_bits=4).to_json())
+    with pytest.raises(ValueError, match="do not match method 'affine'"):
+        type(caches[0]).from_state(bad)
+    bad = dict(st_, config=vq.KVCacheConfig("fp16", reference=True).to_json())
+    with pytest.raises(ValueError, match="do not match method 'fp16'"):
+        type(caches[0]).from_state(bad)
+    with pytest.raises(ValueError, match="window=5"):
+        type(caches[0]).from_state(dict(st_, window=5))
+
+
+def test_empty_after_trim(tiny_model):
+    c = vq.KVCacheConfig("affine").make_cache()
+    assert c.empty()
+    feed(tiny_model, [c, vq.KVCacheConfig("affine").make_cache()], [1, 2, 3], (3,))
+    assert not c.empty() and c.trim(3) == 3 and c.empty()
