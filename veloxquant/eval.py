@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_eval.ipynb #9ce04ed1
 from __future__ import annotations
-import contextlib, dataclasses, importlib, json, math, random, re, time
+import contextlib, dataclasses, importlib, json, math, os, random, re, time
 import numpy as np
 import mlx.core as mx
 from .core import KVCacheConfig, KVCacheBuilder, cache_report, method_ids, get_method, _layers
@@ -499,13 +499,19 @@ def eval_report(model_path=None, methods: str | None = None, tasks="ppl,kl,niah,
     from veloxquant.cli import parse_method
     tasks = parse_tasks(tasks)
     configs = standard_configs() if methods in (None, "", "standard") else [parse_method(s) for s in methods.split(";") if s.strip()]
+    if not configs: raise ValueError(f"methods={methods!r} names no method; give 'id:opt=val,...' specs separated by ';'")
+    if type(context) is not int or context < 64: raise ValueError(f"context={context!r} is out of range; allowed: integers >= 64")
+    if out:  # fail now, not after the whole evaluation
+        folder = os.path.dirname(os.path.abspath(out))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ValueError(f"out={out!r}: folder {folder!r} does not exist or is not writable")
     t0 = time.perf_counter()
     model, tok = load_model(model_path)
     recs = evaluate(model, tok, configs, tasks, context, n_scored, chunk, niah_lengths, niah_depths, progress=progress)
     wall = time.perf_counter() - t0
     print(results_table(recs))
     print(f"\ncontext {context} tokens ({context - n_scored} prefill + {n_scored} scored, chunk {chunk}); wall time {wall:.1f} s; "
-          "bits/elt and ratio from measured nbytes (fp16 on a CPU stores float32: 32 bits, ratio 0.5); "
+          "bits/elt and ratio from measured nbytes (fp16 stores the model dtype: float32 on a CPU); "
           "attn/q·k err: relative errors, mean over layers")
     if out:
         meta = dict(model=str(model_path or "default: SmolLM2-135M-Instruct (embedded)"), tasks=list(tasks), context=context,
