@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/index.ipynb #c3fa5230
+# %% ../nbs/index.ipynb #d23f9bea
 from .core import KVCacheConfig, KVCacheBuilder, compress, decompress, cache_report, method_ids, get_method
 from .cache import VQCache, Codec
 from .attention import install, uninstall

@@ -1,0 +1,126 @@
+"""`qjl` (1-bit JL sign sketch of keys) and `polar` (PolarQuant): theory, sizes, contract (tiny random model)."""
+import math
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+import veloxquant as vq
+from veloxquant.methods.qjl import QJLKeyCodec
+from veloxquant.methods.polar import PolarKeyCodec
+
+
+def feed(model, caches, toks, chunks):
+    outs, s = [], 0
+    for c in chunks:
+        outs.append(model(mx.array(toks[s:s + c])[None], cache=caches)); s += c
+    return mx.concatenate(outs, axis=1)
+
+
+def _qjl_errors(m, d=64, rho=0.5, n=500, seeds=48):
+    "Errors of the QJL inner-product estimate for unit (k, q) with <k, q> = rho, a fresh S per seed."
+    errs = []
+    for seed in range(seeds):
+        mx.random.seed(7000 + seed)
+        codec = QJLKeyCodec(d, m, seed=seed)
+        k = mx.random.normal((n, d)); k = k / mx.linalg.norm(k, axis=-1, keepdims=True)
+        w = mx.random.normal((n, d)); w = w - (w * k).sum(-1, keepdims=True) * k
+        w = w / mx.linalg.norm(w, axis=-1, keepdims=True)
+        q = rho * k + math.sqrt(1 - rho * rho) * w
+        enc = codec.encode(k[None, None])
+        # the estimator exactly as attention computes it: scores of each query against its own key
+        s = codec.scores(q[None, None, None], enc)[0, 0, 0]  # [n, n]
+        errs.append(mx.diagonal(s) - rho)
+    return mx.concatenate(errs)
+
+
+def test_qjl_unbiased_and_variance_shrinks_as_1_over_m():
+    theory = math.pi / 2 - 0.25  # m · Var for unit vectors with rho = 0.5
+    var = {}
+    for m in (64, 256):
+        e = _qjl_errors(m)
+        mean, v = e.mean().item(), e.var().item()
+        se = math.sqrt(v / e.size)
+        assert abs(mean) < 4 * se and abs(mean) / 0.5 < 0.01, (m, mean, se)  # unbiased: mean relative error < 1%
+        assert abs(m * v / theory - 1) < 0.12, (m, m * v)
+        var[m] = v
+    assert 3.3 < var[64] / var[256] < 4.8, var  # ~1/m
+
+
+def test_polar_error_decreases_with_bits():
+    mx.random.seed(0)
+    x = mx.random.normal((1, 1, 2048, 64))
+    for levels in (4, 0):
+        errs = []
+        for kb, db in ((2, 1), (3, 1), (3, 2), (4, 2), (4, 3)):
+            cd = PolarKeyCodec(64, kb, db, levels)
+            e = cd.decode(cd.encode(x)) - x
+            errs.append(((e * e).sum(-1) / (x * x).sum(-1)).mean().item())
+        assert all(a > b for a, b in zip(errs, errs[1:])), (levels, errs)
+        assert errs[-1] < 0.03
+
+
+@pytest.mark.parametrize("cfg,key_bits", [
+    (vq.KVCacheConfig("qjl"), 128 + 16),                                     # m = 2d sign bits + fp16 norm
+    (vq.KVCacheConfig("qjl", sketch_dim=64, value_bits=2, value_group=32), 64 + 16),
+    (vq.KVCacheConfig("polar"), 32 * 4 + 64 + 4 * 16),                       # level-1 4-bit, 28 2-bit codes in 2 words, 4 radii
+    (vq.KVCacheConfig("polar", levels=0, key_bits=3, deep_bits=1), 96 + 32 + 16),
+])
+def test_exact_bits_per_element(tiny_model, cfg, key_bits):
+    caches = vq.KVCacheBuilder.for_model(tiny_model, cfg)
+    feed(tiny_model, caches, [i % 128 for i in range(512)], (512,))
+    rep = vq.cache_report(caches)
+    o = cfg.options
+    value_bits = 64 * o.value_bits + 2 * 16 * 64 // o.value_group
+    assert rep["elements"] == 2 * 2 * 512 * 128
+    assert rep["nbytes"] == sum(a.nbytes for c in caches for s in (c.k_store, c.v_store) for a in s.arrays.values())
+    assert rep["bits_per_element"] == pytest.approx((key_bits + value_bits) / 128)
+
+
+@pytest.mark.parametrize("cfg", [vq.KVCacheConfig("qjl", window=5), vq.KVCacheConfig("qjl", sketch_dim=96, value_bits=2, value_group=32),
+                                 vq.KVCacheConfig("polar", window=5), vq.KVCacheConfig("polar", levels=0, value_bits=8)])
+def test_save_load_roundtrip(tiny_model, tmp_path, cfg):
+    caches = vq.KVCacheBuilder.for_model(tiny_model, cfg)
+    feed(tiny_model, caches, [i % 120 + 3 for i in range(300)], (290, 1, 1, 8))
+    f = str(tmp_path / "c.safetensors")
+    save_prompt_cache(f, caches, {"note": "x"})
+    loaded, meta = load_prompt_cache(f, return_metadata=True)
+    assert meta == {"note": "x"} and [type(c) for c in loaded] == [type(c) for c in caches]
+    assert [c.offset for c in loaded] == [c.offset for c in caches] == [300, 300]
+    assert [c.config.to_json() for c in loaded] == [c.config.to_json() for c in caches]
+    nxt = [7, 8, 9]
+    assert mx.array_equal(feed(tiny_model, caches, nxt, (3,)), feed(tiny_model, loaded, nxt, (3,))).item()
+    assert mx.array_equal(feed(tiny_model, caches, [1], (1,)), feed(tiny_model, loaded, [1], (1,))).item()
+
+
+def test_compressed_attention_close_to_fp16_tiny(tiny_model):
+    "Higher-precision settings stay close to the fp16 cache's logits on the tiny model (sanity of the whole path)."
+    toks = [i % 120 + 3 for i in range(200)]
+    ref = feed(tiny_model, vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("fp16")), toks, (190, 1, 1, 8))
+    for cfg in (vq.KVCacheConfig("qjl", sketch_dim=1024, value_bits=8), vq.KVCacheConfig("polar", deep_bits=4, value_bits=8)):
+        out = feed(tiny_model, vq.KVCacheBuilder.for_model(tiny_model, cfg), toks, (190, 1, 1, 8))
+        err = (mx.abs(out[:, 190:] - ref[:, 190:]).max() / mx.abs(ref[:, 190:]).max()).item()
+        assert err < 0.1, (cfg.method, err)
+
+
+@pytest.mark.parametrize("method,kwargs,msg", [
+    ("qjl", dict(sketch_dim=48), "sketch_dim=48"),
+    ("qjl", dict(sketch_dim=-1), "sketch_dim=-1"),
+    ("qjl", dict(value_bits=3), "value_bits=3"),
+    ("qjl", dict(value_group=128), "value_group=128"),
+    ("qjl", dict(window=-2), "window=-2"),
+    ("qjl", dict(seed=1.5), "seed=1.5"),
+    ("qjl", dict(bogus=1), "bogus"),
+    ("polar", dict(key_bits=1), "key_bits=1"),
+    ("polar", dict(deep_bits=5), "deep_bits=5"),
+    ("polar", dict(levels=-1), "levels=-1"),
+    ("polar", dict(levels="4"), "levels='4'"),
+    ("polar", dict(value_bits=True), "value_bits=True"),
+])
+def test_bad_options(method, kwargs, msg):
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(")):
+        vq.KVCacheConfig(method, **kwargs)
+
+
+def test_polar_levels_must_fit_head_dim():
+    with pytest.raises(ValueError, match="levels=5"):
+        PolarKeyCodec(80, levels=5)
