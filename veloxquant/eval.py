@@ -503,8 +503,9 @@ def eval_report(model_path=None, methods: str | None = None, tasks="ppl,kl,niah,
     if type(context) is not int or context < 64: raise ValueError(f"context={context!r} is out of range; allowed: integers >= 64")
     if out:  # fail now, not after the whole evaluation
         folder = os.path.dirname(os.path.abspath(out))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise ValueError(f"out={out!r}: folder {folder!r} does not exist or is not writable")
+        try: os.makedirs(folder, exist_ok=True)
+        except OSError as e: raise ValueError(f"out={out!r}: cannot create folder {folder!r} ({e.strerror})") from None
+        if not os.access(folder, os.W_OK): raise ValueError(f"out={out!r}: folder {folder!r} is not writable")
     t0 = time.perf_counter()
     model, tok = load_model(model_path)
     recs = evaluate(model, tok, configs, tasks, context, n_scored, chunk, niah_lengths, niah_depths, progress=progress)
