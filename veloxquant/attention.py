@@ -116,6 +116,8 @@ _HOOKS: list = []
 def dispatch(queries, keys, values, cache, scale: float, mask, sinks=None):
     "Drop-in for `mlx_lm.models.base.scaled_dot_product_attention`: veloxquant caches attend themselves."
     if isinstance(cache, VQCache):
+        if queries.shape[2] == 0:  # an empty step (zero new tokens): nothing to attend with
+            return mx.zeros((*queries.shape[:3], values.shape[-1]), queries.dtype)
         out = cache.attend(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
         for h in _HOOKS: h(cache, queries, keys, values, out)
         return out

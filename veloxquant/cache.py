@@ -106,12 +106,31 @@ class VQCache(_BaseCache):
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         """Record the step's exact keys/values [B, H, T, D]; returns them unchanged (a light handle:
         only the dispatcher's `attend` reads the cache's history)."""
+        self._check_update(keys, values)
+        if keys.shape[2] == 0:  # an empty update changes nothing (mlx-lm's KVCache accepts it too)
+            return keys, values
         self._ensure_codecs(keys.shape[-1], values.shape[-1])
         if self.pending is not None:  # attention was never called for the previous step
             self._flush()
         self.pending = (keys, values)
         self.offset += keys.shape[2]
         return keys, values
+
+    def _check_update(self, keys, values):
+        "Shape/dtype checks of an update (no device sync): clear errors instead of failures deep inside a codec."
+        if keys.ndim != 4:
+            raise ValueError(f"keys must be [B, n_kv_heads, T, head_dim], got shape {tuple(keys.shape)}")
+        if values.ndim != 4 or values.shape[:3] != keys.shape[:3]:
+            raise ValueError(f"values must be [B, n_kv_heads, T, head_dim_v] matching keys {tuple(keys.shape)}, "
+                             f"got shape {tuple(values.shape)}")
+        for name, a in (("keys", keys), ("values", values)):
+            if not mx.issubdtype(a.dtype, mx.floating):
+                raise ValueError(f"{name} dtype must be floating (float16, bfloat16 or float32), got {a.dtype}")
+        ref = self.pending[0] if self.pending is not None else self.k_exact
+        if ref is None and self.k_store.arrays: ref = next(iter(self.k_store.arrays.values()))
+        if ref is not None and tuple(ref.shape[:2]) != tuple(keys.shape[:2]):
+            raise ValueError(f"batch size / n_kv_heads changed within one cache: stored {tuple(ref.shape[:2])}, "
+                             f"update {tuple(keys.shape[:2])}")
 
     def _flush(self):
         "Move the pending tokens into the fp16 window, and what overflows the window into the codes."

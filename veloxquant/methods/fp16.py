@@ -28,6 +28,7 @@ class IdentityCodec(Codec):
 class FP16Cache(VQCache):
     "Exact keys/values in the model's dtype; attention by `mx.fast.scaled_dot_product_attention`."
     def update_and_fetch(self, keys, values):
+        self._check_update(keys, values)
         self._ensure_codecs(keys.shape[-1], values.shape[-1])
         self.k_store.append({"x": keys}); self.v_store.append({"x": values})
         self.offset += keys.shape[2]
