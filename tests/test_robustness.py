@@ -15,9 +15,10 @@ from veloxquant.core import method_ids
 METHODS = method_ids()
 VOCAB = 128
 
-# One op = ("feed", n tokens) | ("trim", fraction of the offset) | ("saveload", 0).
+# One op = ("feed", n tokens) | ("generate", n new tokens) | ("trim", fraction of the offset) | ("saveload", 0).
 ops_strategy = st.lists(
     st.one_of(st.tuples(st.just("feed"), st.integers(1, 24)),
+              st.tuples(st.just("generate"), st.integers(1, 6)),
               st.tuples(st.just("trim"), st.floats(0, 1)),
               st.tuples(st.just("saveload"), st.just(0))),
     min_size=1, max_size=8)
@@ -35,6 +36,24 @@ def _saveload(caches, path):
     return loaded
 
 
+class Recorder:
+    "Wraps a model and records the token chunks each call feeds (so a generate op's chunking can be replayed)."
+    def __init__(self, model): self.model, self.calls = model, []
+    def __call__(self, x, cache=None, **kw):
+        self.calls.append(x.reshape(-1).tolist())
+        return self.model(x, cache=cache, **kw)
+
+
+def _generate(model, caches, prompt, n):
+    "Greedy `mlx_lm.generate.generate_step` continuing from `caches`; returns (tokens, fed chunks)."
+    from mlx_lm.generate import generate_step
+    rec = Recorder(model)
+    toks = [int(t) for t, _ in zip((t for t, _ in generate_step(mx.array(prompt), rec, prompt_cache=caches,
+                                                              max_tokens=n)), range(n))]
+    mx.eval([c.state for c in caches])
+    return toks, rec.calls
+
+
 def _run(model, caches, ops, path, seed, io=True):
     """Apply `ops` to `caches`; returns the logits of every feed and the list of (tokens, chunk) actually kept.
     The chunking of the surviving tokens is recorded, so a trim can be checked against a fresh cache fed the
@@ -44,6 +63,9 @@ def _run(model, caches, ops, path, seed, io=True):
         if op == "feed":
             toks = _tokens(arg, seed * 100 + i)
             outs.append(model(mx.array(toks)[None], cache=caches)); chunks.append(toks)
+        elif op == "generate":
+            toks, fed = _generate(model, caches, _tokens(3, seed * 100 + i), arg)
+            outs.append(mx.array(toks)); chunks.extend(fed)
         elif op == "trim":
             off = caches[0].offset
             k = int(arg * off)
