@@ -1,6 +1,7 @@
 """Architecture matrix on tiny random-weight models of mlx-lm families (no downloads): `fp16` through veloxquant gives
 logits identical to stock mlx-lm, every registered quantization method runs, and families veloxquant cannot compress
-are refused with a clear error (never silently left uncompressed)."""
+are refused with a clear error (never silently left uncompressed). Families with sliding-window (RotatingKVCache) or
+chunked-attention (ChunkedKVCache) layers run 48 tokens through a window of 16 / chunks of 8, prefilled in chunks."""
 import importlib
 
 import mlx.core as mx
@@ -24,18 +25,47 @@ BASE = dict(hidden_size=128, head_dim=32, num_hidden_layers=2, intermediate_size
 SUPPORTED = ["llama", "qwen2", "qwen3", "phi3", "starcoder2", "olmo2", "gemma", "mixtral", "cohere", "internlm2",
              "granite", "qwen3_moe", "phimoe", "nemotron", "helium", "glm4", "hunyuan_v1_dense", "smollm3"]
 TOKS = mx.array([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
+SL = ["sliding_attention", "full_attention"]
+# families whose own make_cache gives some layers a RotatingKVCache (window 16) or a ChunkedKVCache (chunk 8);
+# "llama_swa" is llama with Mistral-style `layer_types`
+EXTRA = {"llama_swa": dict(layer_types=SL), "olmo3": dict(layer_types=SL), "exaone4": dict(sliding_window_pattern="LG"),
+         "ministral3": dict(layer_types=SL, rope_parameters=dict(rope_theta=10000.0, llama_4_scaling_beta=0.1,
+                                                                  original_max_position_embeddings=512, rope_type="default")),
+         "llama4": dict(text_config=dict(BASE, model_type="llama4_text", attention_chunk_size=8, interleave_moe_layer_step=2,
+                                         intermediate_size_mlp=128, num_hidden_layers=4, use_qk_norm=True, num_experts_per_tok=1))}
+EXTRA["recurrent_gemma"] = dict(conv1d_width=4, logits_soft_cap=30.0, attention_window_size=16, block_types=["recurrent", "attention"])
+SLIDING = ["gemma3_text", "gpt_oss", "cohere2", "olmo3", "ministral3", "exaone4", "llama_swa", "llama4"]
+LONG = mx.array([[(7 * i + 3) % 100 for i in range(48)]])
+CHUNKS = [20, 1, 1, 10, 1, 1, 1, 13]  # prefill chunks and decode steps, well past the window
 
 
 def build(family):
-    mod = importlib.import_module(f"mlx_lm.models.{family}")
+    mod = importlib.import_module(f"mlx_lm.models.{family.removesuffix('_swa')}")
     mx.random.seed(0)
-    model = mod.Model(mod.ModelArgs.from_dict(dict(BASE, model_type=family)))
+    model = mod.Model(mod.ModelArgs.from_dict(dict(BASE, model_type=family.removesuffix('_swa'), **EXTRA.get(family, {}))))
     mx.eval(model.parameters())
     return model
 
 
 def run(model, caches):
     return mx.concatenate([model(TOKS[:, :8], cache=caches), model(TOKS[:, 8:9], cache=caches), model(TOKS[:, 9:], cache=caches)], 1)
+
+
+def run_long(model, caches):
+    outs, s = [], 0
+    for n in CHUNKS:
+        outs.append(model(LONG[:, s:s + n], cache=caches)); s += n
+    return mx.concatenate(outs, 1)
+
+
+def method_configs():
+    "One standard setting of every registered method except fp16 (group sizes set to head_dim 32)."
+    for mid in method_ids():
+        if mid == "fp16": continue
+        opts = dict(standard_settings(mid)[0])
+        for name in vq.get_method(mid).config_cls.__dataclass_fields__:
+            if "group" in name: opts[name] = 32
+        yield vq.KVCacheConfig(mid, **opts)
 
 
 @pytest.mark.parametrize("family", SUPPORTED)
@@ -47,19 +77,46 @@ def test_family(family):
         assert mx.array_equal(ref, run(model, model.make_cache())).item(), f"{family}: fp16 logits differ from stock mlx-lm"
     finally:
         vq.decompress(model)
-    for mid in method_ids():
-        if mid == "fp16": continue
-        opts = dict(standard_settings(mid)[0])
-        for name in vq.get_method(mid).config_cls.__dataclass_fields__:  # head_dim is 32 here
-            if "group" in name: opts[name] = 32
-        out = run(model, vq.KVCacheBuilder.for_model(model, vq.KVCacheConfig(mid, **opts)))
-        assert out.shape == ref.shape and mx.isfinite(out).all().item(), f"{family} × {mid}"
+    for cfg in method_configs():
+        out = run(model, vq.KVCacheBuilder.for_model(model, cfg))
+        assert out.shape == ref.shape and mx.isfinite(out).all().item(), f"{family} × {cfg.method}"
+
+
+@pytest.mark.parametrize("family", SLIDING)
+def test_sliding_family(family):
+    """48 tokens (prefill chunks + decode) through windows of 16 / chunks of 8: fp16 logits and greedy tokens identical to
+    stock mlx-lm; the generic compressed path (fp16 reference) matches to float32 rounding; every method runs, and its
+    sliding layers hold at most the window (plus the eviction batch)."""
+    from mlx_lm.models.cache import RotatingKVCache, ChunkedKVCache
+    from veloxquant.sliding import RotatingVQCache, ChunkedVQCache, FP16RotatingCache
+    model = build(family)
+    stock = model.make_cache()
+    assert {type(c) for c in stock} & {RotatingKVCache, ChunkedKVCache}, f"{family} has no sliding/chunked layer"
+    ref = run_long(model, stock)
+    vq.compress(model, vq.KVCacheConfig("fp16"))
+    try:
+        caches = model.make_cache()
+        assert [type(c) for c in caches] == [{RotatingKVCache: FP16RotatingCache, ChunkedKVCache: ChunkedVQCache}.get(type(c), vq.get_method("fp16").make_cache(vq.KVCacheConfig()).__class__) for c in stock]
+        out = run_long(model, caches)
+        assert mx.array_equal(ref, out).item(), f"{family}: fp16 logits differ from stock mlx-lm"
+        assert mx.array_equal(ref.argmax(-1), out.argmax(-1)).item()
+    finally:
+        vq.decompress(model)
+    gen = run_long(model, vq.KVCacheBuilder.for_model(model, vq.KVCacheConfig("fp16", reference=True)))
+    assert mx.abs(gen - ref).max().item() < 1e-4, f"{family}: generic sliding path differs from mlx-lm"
+    for cfg in method_configs():
+        caches = vq.KVCacheBuilder.for_model(model, cfg)
+        assert any(isinstance(c, (RotatingVQCache, ChunkedVQCache)) for c in caches)
+        out = run_long(model, caches)
+        assert out.shape == ref.shape and mx.isfinite(out).all().item(), f"{family} × {cfg.method}"
+        for c in caches:
+            if isinstance(c, RotatingVQCache): assert c.stored <= c.max_size - 1 + c.evict_every
+            if isinstance(c, ChunkedVQCache): assert c.stored <= c.chunk_size + CHUNKS[-1]  # trimmed before each step, as mlx-lm
 
 
 @pytest.mark.parametrize("family, message", [
     ("gemma2", "computes attention without"),           # its file computes attention itself
-    ("gemma3_text", "compresses only plain KVCache"),   # sliding-window (RotatingKVCache) layers
-    ("gpt_oss", "compresses only plain KVCache"),
+    ("recurrent_gemma", "builds caches of type ArraysCache"),  # recurrent (state-space) layers: no KV cache to compress
 ])
 def test_refused_family(family, message):
     model = build(family)

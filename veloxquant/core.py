@@ -113,23 +113,21 @@ class KVCacheBuilder:
     "Builds the per-layer caches of a model for a `KVCacheConfig`."
     @staticmethod
     def for_model(model, config: KVCacheConfig) -> list:
-        """Fresh caches for every layer of `model` (list of length `len(model.layers)`).
+        """Fresh caches for every layer of `model` (list of length `len(model.layers)`): where the model's
+        own `make_cache` uses `KVCache`, `RotatingKVCache` or `ChunkedKVCache`, the method's cache or its
+        sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`).
 
-        Raises `ValueError` if the model's own cache layout is not a plain `KVCache` per layer
-        (sliding-window, chunked, state-space caches are not supported yet)."""
+        Raises `ValueError` naming the model family when its own `make_cache` builds any other cache type."""
         if not isinstance(config, KVCacheConfig): raise ValueError(f"config={config!r} must be a KVCacheConfig")
         from .attention import install
         install()
         # the model's own cache factory (None: mlx-lm gives every layer a plain KVCache); after `compress`
         # `model.make_cache` is ours, so the original is read from where `compress` kept it
         orig = model._vq_original_make_cache if hasattr(model, "_vq_original_make_cache") else getattr(model, "make_cache", None)
-        if orig is not None:
-            from mlx_lm.models.cache import KVCache
-            kinds = {type(c).__name__ for c in orig()}
-            if kinds - {"KVCache"}:
-                raise ValueError(f"model {type(model).__module__} builds caches of types {sorted(kinds)}; "
-                                 "veloxquant compresses only plain KVCache layers so far")
-        return [config.make_cache() for _ in _layers(model)]
+        if orig is None: return [config.make_cache() for _ in _layers(model)]
+        from .sliding import equivalent_cache
+        family = type(model).__module__.rsplit(".", 1)[-1]
+        return [equivalent_cache(c, config, family) for c in orig()]
 
 def compress(model, config: KVCacheConfig, probe: bool = True):
     """Make `model.make_cache()` return fresh veloxquant caches built from `config`; returns `model`.
