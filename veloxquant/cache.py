@@ -22,8 +22,11 @@ class Codec:
     the whole context) and may be overridden to work on codes directly. `head_dim` is the last
     dimension of the encoded tensors. `token_group` > 1 means tokens are encoded in groups of that
     many along the sequence (e.g. per-channel key quantization); the cache then keeps up to
-    `token_group - 1` extra tokens exact until a group is complete."""
+    `token_group - 1` extra tokens exact until a group is complete. `sequence_state` True means
+    `encode` keeps statistics of the sequence it has seen (e.g. a mean set by the first chunk), so a
+    token's codes depend on earlier tokens: such caches cannot be trimmed exactly or batched."""
     token_group: int = 1
+    sequence_state: bool = False
     def __init__(self, head_dim: int): self.head_dim = head_dim
     def encode(self, x: mx.array) -> dict[str, mx.array]: raise NotImplementedError
     def decode(self, block: dict[str, mx.array]) -> mx.array: raise NotImplementedError
@@ -180,7 +183,20 @@ class VQCache(_BaseCache):
 
     def size(self): return self.offset
     def empty(self): return self.offset == 0
-    def is_trimmable(self): return True
+    def is_trimmable(self):
+        """True when `trim(n)` gives exactly the cache that never saw the last `n` tokens (continuing
+        from it equals a run with the same chunking): no fp16 `window` (window tokens that were already
+        encoded cannot get their exact values back) and codecs that encode every token on its own
+        (`token_group == 1`, no `sequence_state`). mlx-lm's prompt-cache reuse (`can_trim_prompt_cache`,
+        `LRUPromptCache`) only trims caches that say True."""
+        if self.window: return False
+        return all(c is None or (c.token_group == 1 and not c.sequence_state) for c in (self.k_codec, self.v_codec))
+
+    @classmethod
+    def merge(cls, caches):
+        "mlx-lm's batch hook (`BatchGenerator`, `batch_generate`, the server): per-sequence caches → one batch cache, see `veloxquant.batch`."
+        from veloxquant.batch import merge_caches
+        return merge_caches(caches)
 
     def trim(self, n: int) -> int:
         "Drop the last `n` tokens (exact window first, then codes); returns the number dropped."
