@@ -126,5 +126,7 @@ def test_cli_eval_end_to_end(tmp_path):
         for name in ("pareto", "niah"):
             for ext in ("html", "png"):
                 assert (out.parent / f"results_{name}.{ext}").stat().st_size > 1000
+            page = (out.parent / f"results_{name}.html").read_text()
+            assert "vegaEmbed" in page and "<script src=" not in page and 'src="http' not in page  # offline: no CDN
     bad = subprocess.run(cmd[:4] + ["--methods", "affine:key_bits=9", "--out", str(out)], capture_output=True, text=True)
     assert bad.returncode == 2 and "key_bits=9" in bad.stderr

@@ -473,7 +473,8 @@ def chart_png(chart, scale: float = 2.0) -> bytes:
 def save_charts(records: list[dict], out_path) -> list[str]:
     """Save the Pareto chart (needs `delta_ppl_pct`) and the NIAH heat map (needs `niah`) next to
     `out_path` (the results JSON) as `<stem>_pareto.{html,png}`, `<stem>_niah.{html,png}` and, with
-    `attn` records, `<stem>_attn.{html,png}`; returns
+    `attn` records, `<stem>_attn.{html,png}` (the HTML files embed the Vega JavaScript, so they open
+    without a network); returns
     the written paths. Raises `ImportError` when altair or vl-convert-python is missing."""
     from pathlib import Path
     p = Path(out_path); stem = p.with_suffix("")
@@ -484,7 +485,7 @@ def save_charts(records: list[dict], out_path) -> list[str]:
     if any(a["out_rel_err"] > 0 for r in records for a in (r.get("attn") or [])): charts.append(("attn", chart_attention(records)))
     for name, ch in charts:
         html, png = Path(f"{stem}_{name}.html"), Path(f"{stem}_{name}.png")
-        ch.save(str(html)); png.write_bytes(chart_png(ch))
+        ch.save(str(html), inline=True); png.write_bytes(chart_png(ch))  # Vega JS inlined by vl-convert: opens offline
         written += [str(html), str(png)]
     return written
 
