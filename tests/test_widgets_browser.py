@@ -1,14 +1,15 @@
 """Real-browser test of the widgets: JupyterLab on localhost, driven by Debian's Chromium through Python playwright.
 
 Starts JupyterLab (random free port, random token, temporary root folder holding a small notebook that
-shows `veloxquant.widgets.tradeoff_explorer`), opens the notebook in headless Chromium, runs all cells,
-moves the "max bits" slider and changes the quality dropdown, and checks that the chart (an SVG drawn in
-the kernel by vl-convert) changed each time, that no output is an error and that the kernel is alive.
+shows `veloxquant.widgets.tradeoff_explorer` and `codebook_explorer`), opens the notebook in headless
+Chromium, runs all cells, drags the trade-off explorer's "max bits" slider, changes its quality dropdown,
+steps the codebook explorer's bits slider with the keyboard, and checks that the chart (an SVG drawn in
+the kernel by vl-convert) changed each time as expected, that no output is an error and that the kernel is alive.
 Every request that does not go to the loopback interface is blocked (the charts must not need a CDN).
 
 Nothing is installed here: Chromium (`/usr/bin/chromium`, Debian package `chromium`), `jupyterlab`,
 `ipywidgets` and `playwright` (the `dev` extra) are required, and their absence is a failure, not a skip.
-Set `VQ_SCREENSHOT_DIR` to keep a screenshot of the widget after the slider moved."""
+Set `VQ_SCREENSHOT_DIR` to keep screenshots of the widgets after their sliders moved."""
 import json, os, re, shutil, signal, socket, subprocess, sys, time, urllib.request, uuid
 from pathlib import Path
 from urllib.parse import urlparse
@@ -48,7 +49,9 @@ def lab(tmp_path_factory):
     nb.cells = [nbformat.v4.new_markdown_cell("# Trade-off explorer (browser test)"),
                 nbformat.v4.new_code_cell("from veloxquant.widgets import tradeoff_explorer\n"
                                           f"explorer = tradeoff_explorer({str(REPO / 'nbs' / 'leaderboard_results.json')!r})\n"
-                                          "explorer")]
+                                          "explorer"),
+                nbformat.v4.new_code_cell("from veloxquant.widgets import codebook_explorer\n"
+                                          "codebook_explorer('sphere', bits=3, dim=128, n=512)")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "demo.ipynb")
     (root / ".config" / "labconfig").mkdir(parents=True)   # no "Jupyter news?" prompt over the page
@@ -82,23 +85,23 @@ def lab(tmp_path_factory):
         log.close()
 
 
-def _chart(page):
-    "outerHTML of the explorer's chart (the SVG in an ipywidgets HTML pane) and its number of symbols."
-    svg = page.locator(".jp-OutputArea-output .widget-html-content > svg").first
+def _chart(cell):
+    "outerHTML of the first chart of a cell's widget (an SVG in an ipywidgets HTML pane) and its number of symbols."
+    svg = cell.locator(".jp-OutputArea-output .widget-html-content > svg").first
     return svg.evaluate("e => e.outerHTML"), svg.locator(".mark-symbol path").count()
 
 
-def _wait_changed(page, before: str, timeout_s: float = 60.0) -> str:
+def _wait_changed(page, cell, before: str, timeout_s: float = 60.0) -> str:
     t = time.time()
     while time.time() - t < timeout_s:
-        now = _chart(page)[0]
+        now = _chart(cell)[0]
         if now != before: return now
         page.wait_for_timeout(250)
     raise AssertionError(f"the chart did not change within {timeout_s:.0f} s")
 
 
-def test_tradeoff_explorer_in_jupyterlab(lab, tmp_path):
-    "Run the demo notebook in JupyterLab, move the slider and change the dropdown; the chart must follow, offline."
+def test_widgets_in_jupyterlab(lab, tmp_path):
+    "Run the demo notebook in JupyterLab, move sliders and change a dropdown; the charts must follow, offline."
     from playwright.sync_api import sync_playwright
     base, token, root = lab
     blocked, errors = [], []
@@ -114,7 +117,7 @@ def test_tradeoff_explorer_in_jupyterlab(lab, tmp_path):
     try:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": 1400, "height": 1300})
             page.route("**/*", route)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(f"{base}/lab/tree/demo.ipynb?token={token}", wait_until="domcontentloaded", timeout=90_000)
@@ -125,35 +128,49 @@ def test_tradeoff_explorer_in_jupyterlab(lab, tmp_path):
                 await nb.context.ready; await nb.sessionContext.ready;
                 await window.jupyterapp.commands.execute('notebook:run-all-cells');
             }""")
-            page.wait_for_selector(".jp-OutputArea-output .widget-html-content > svg", timeout=90_000)
-            svg0, n0 = _chart(page)
-            info = page.locator(".jp-OutputArea-output .widget-html-content").nth(0)
+            trade, books = page.locator(".jp-CodeCell").nth(0), page.locator(".jp-CodeCell").nth(1)
+            for cell in (trade, books):
+                cell.locator(".jp-OutputArea-output .widget-html-content > svg").first.wait_for(timeout=90_000)
+
+            # trade-off explorer: drag the "max bits" slider handle to ~10 % of its track
+            svg0, n0 = _chart(trade)
+            info = trade.locator(".jp-OutputArea-output .widget-html-content").nth(0)
             shown0, total = map(int, re.match(r"(\d+) of (\d+) configurations shown", info.inner_text()).groups())
             assert shown0 == total >= 10 and n0 > total, (info.inner_text(), n0)  # dots + frontier rings + legend
-
-            # drag the "max bits" slider handle to ~10 % of its track
-            slider = page.locator(".jp-OutputArea-output .widget-slider").filter(has_text="max bits").first
+            slider = trade.locator(".widget-slider").filter(has_text="max bits").first
             track = slider.locator(".noUi-target").bounding_box()
             handle = slider.locator(".noUi-handle").bounding_box()
             page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
             page.mouse.down()
             page.mouse.move(track["x"] + 0.1 * track["width"], track["y"] + track["height"] / 2, steps=12)
             page.mouse.up()
-            svg1 = _wait_changed(page, svg0)
+            _wait_changed(page, trade, svg0)
             page.wait_for_timeout(500)
-            svg1, n1 = _chart(page)
+            svg1, n1 = _chart(trade)
             shown1 = int(re.match(r"(\d+) of \d+ configurations shown", info.inner_text()).group(1))
             assert 0 < shown1 < shown0 and n1 < n0, (info.inner_text(), n0, n1)
-            shot = page.locator(".jp-OutputArea-output .widget-vbox").first
-            shot.screenshot(path=str(tmp_path / "tradeoff_after_slider.png"))
+            shot = tmp_path / "tradeoff_after_slider.png"
+            trade.locator(".jp-OutputArea-output .widget-vbox").first.screenshot(path=str(shot))
             if os.environ.get("VQ_SCREENSHOT_DIR"):
                 Path(os.environ["VQ_SCREENSHOT_DIR"]).mkdir(parents=True, exist_ok=True)
-                shutil.copy(tmp_path / "tradeoff_after_slider.png", Path(os.environ["VQ_SCREENSHOT_DIR"]) / "tradeoff_after_slider.png")
+                shutil.copy(shot, Path(os.environ["VQ_SCREENSHOT_DIR"]) / shot.name)
 
-            # change the quality dropdown: the y axis title changes
-            page.locator(".jp-OutputArea-output .widget-dropdown select").first.select_option(label="NIAH miss rate")
-            svg2 = _wait_changed(page, svg1)
+            # trade-off explorer: change the quality dropdown; the y axis follows
+            trade.locator(".widget-dropdown select").first.select_option(label="NIAH miss rate")
+            svg2 = _wait_changed(page, trade, svg1)
             assert "NIAH miss rate" in svg2 and "NIAH miss rate" not in svg1
+
+            # codebook explorer: one step right on the bits slider with the keyboard (3 -> 4 bits: 8 -> 16 centroids)
+            c0, _ = _chart(books)
+            assert "8 centroids (3 bits)" in c0
+            books.locator(".widget-slider").filter(has_text="bits").first.locator(".noUi-handle").press("ArrowRight")
+            c1 = _wait_changed(page, books, c0)
+            assert "16 centroids (4 bits)" in c1
+            if os.environ.get("VQ_SCREENSHOT_DIR"):
+                books.locator(".jp-OutputArea-output .widget-vbox").first.screenshot(
+                    path=str(Path(os.environ["VQ_SCREENSHOT_DIR"]) / "codebook_after_slider.png"))
+            page.wait_for_function("e => e.innerText.includes('4 bits')",
+                                   arg=books.locator(".widget-html-content").first.element_handle(), timeout=30_000)
 
             # no error output, kernel alive and idle
             assert page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]').count() == 0
