@@ -1,91 +1,184 @@
 // vq_affine_decode: header
 
 #define VQ_SHARED threadgroup
+#define VQ_SHARED_A16 threadgroup alignas(16)
+#define VQ_UNROLL _Pragma("clang loop unroll(full)")
+#define VQ_UNROLL4 _Pragma("clang loop unroll_count(4)")
 #define vq_barrier() threadgroup_barrier(mem_flags::mem_threadgroup)
 #define vq_simd_sum(x) simd_sum(x)
 #define vq_simd_max(x) simd_max(x)
+#define vq_simd_min(x) simd_min(x)
 #define vq_simd_shuffle(x, i) simd_shuffle((x), (ushort)(i))
+#define vq_simd_shuffle_xor(x, m) simd_shuffle_xor((x), (ushort)(m))
+#define vq_ballot(p) ((uint)(static_cast<simd_vote::vote_t>(simd_ballot(p))))
 #define vq_popcount(x) popcount(x)
 #define vq_float(x) float(x)
+#define vq_cast(T, x) static_cast<T>(x)
+#define vq_as_float(u) as_type<float>((uint)(u))
+#define vq_load2(p, i) (*((const device uint2*)((p) + (i))))
+#define vq_load4(p, i) (*((const device uint4*)((p) + (i))))
+#define vq_lds4(a, i) (*((const threadgroup float4*)(&(a)[i])))
+typedef half vq_half;
 #define VQ_NEG_INF (-INFINITY)
 
 // vq_affine_decode: body (MLX generates the [[kernel]] signature)
-const uint vq_lane = thread_index_in_simdgroup;
+const uint vq_lane = thread_index_in_simdgroup, vq_warp = simdgroup_index_in_threadgroup;
+const uint vq_tid = thread_position_in_threadgroup.x;
 const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup_position_in_grid.y;
 
-// q: [B*Hkv*REP, D] float32, already scaled; kw/vw: [B*Hkv, CAP, D*KBITS/32 | D*VBITS/32] uint32 codes
-// (mx.quantize layout, LSB first); ks, kb, vs, vb: [B*Hkv, CAP, D/G] fp16 scales/biases;
-// params: [n_tokens, CAP, split]. Out m, l: [B*Hkv*REP, NS]; acc: [B*Hkv*REP, NS, D].
-// One simdgroup per (b*Hkv + h, chunk of `split` tokens), walking the chunk in tiles of 32 tokens:
-// scores with one token per lane (no reduction per token), values with head_dim/32 channels per lane.
-constexpr int DPL = D / 32, NG = D / G;
-constexpr int KWPT = D * KBITS / 32, VWPT = D * VBITS / 32;  // uint32 words per token
-constexpr int KPW = 32 / KBITS;                              // key codes per word
+// q: [ROWS, D] queries in the model dtype (unscaled), ROWS = B*Hkv*REP; kw/vw: [B*Hkv, CAP, D*KBITS/32 | D*VBITS/32]
+// uint32 codes (mx.quantize layout, LSB first); ks, kb, vs, vb: [B*Hkv, CAP, D/G] fp16 scales/biases;
+// params: [n, cap, split, E, has_sinks, float bits of the softmax scale].
+// Out m, l: [ROWS, NS]; acc: [ROWS, NS, D] (unnormalised), NS = ceil(n / split).
+constexpr int NG = D / G, KWPT = D * KBITS / 32, VWPT = D * VBITS / 32;
+constexpr int KPW = 32 / KBITS, VPW = 32 / VBITS;
 constexpr uint KMASK = (1u << KBITS) - 1u, VMASK = (1u << VBITS) - 1u;
-VQ_SHARED float qs[REP * D];    // the rep query heads of this kv head
-VQ_SHARED float qg[REP * NG];   // their sums over each quantization group (for the biases)
+constexpr int VLPT = D / 16, VTPI = 32 / VLPT, VW = VBITS / 2;  // value pass: VLPT lanes per token, 16 channels (VW words) per lane
+constexpr uint MAGIC = 0x4B000000u;                              // as_float(MAGIC | c) = 2^23 + c exactly
+VQ_SHARED_A16 float qs[REP * D];
+VQ_SHARED float qg[REP * NG];
+VQ_SHARED float wm[NW * REP], wl[NW * REP];
+VQ_SHARED float wacc[NW * REP * D];
 const int n = params[0], cap = params[1], split = params[2];
+const float scale = vq_as_float(params[5]);
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 const int t0 = chunk * split, t1 = min(n, t0 + split);
-for (int i = vq_lane; i < REP * D; i += 32) qs[i] = q[bh * REP * D + i];
+for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
 vq_barrier();
-for (int i = vq_lane; i < REP * NG; i += 32) {
+for (int i = vq_tid; i < REP * NG; i += 32 * NW) {
   float a = 0.0f;
   for (int d = 0; d < G; d++) a += qs[(i / NG) * D + (i % NG) * G + d];
   qg[i] = a;
 }
 vq_barrier();
-float m[REP], l[REP], acc[REP][DPL];
-for (int r = 0; r < REP; r++) { m[r] = VQ_NEG_INF; l[r] = 0.0f; for (int k = 0; k < DPL; k++) acc[r][k] = 0.0f; }
-for (int tt = t0; tt < t1; tt += 32) {
+const long base = (long)bh * cap;
+const int vsub = vq_lane % VLPT, vtok = vq_lane / VLPT, vg = vsub * 16 / G;
+float m[REP], lsum[REP], accb[REP], acc[REP][16];
+VQ_UNROLL
+for (int r = 0; r < REP; r++) {
+  m[r] = VQ_NEG_INF; lsum[r] = 0.0f; accb[r] = 0.0f;
+  VQ_UNROLL
+  for (int c = 0; c < 16; c++) acc[r][c] = 0.0f;
+}
+for (int tt = t0 + (int)vq_warp * 32; tt < t1; tt += 32 * NW) {
   const int t = tt + (int)vq_lane;
   const bool valid = t < t1;
-  float s[REP];
-  for (int r = 0; r < REP; r++) s[r] = 0.0f;
+  // issue every load of the tile first (keys: one token per lane; values: VLPT steps of VTPI tokens), one round trip
+  uint kr[KWPT];
+  float ksc[NG], kbi[NG];
   if (valid) {
-    const long tok = (long)bh * cap + t;
-    for (int g = 0; g < NG; g++) {
-      float part[REP];
-      for (int r = 0; r < REP; r++) part[r] = 0.0f;
-      for (int w = 0; w < G / KPW; w++) {
-        const uint word = kw[tok * KWPT + g * (G / KPW) + w];
-        for (int c = 0; c < KPW; c++) {
-          const float x = float((word >> (c * KBITS)) & KMASK);
-          const int d = g * G + w * KPW + c;
-          for (int r = 0; r < REP; r++) part[r] += qs[r * D + d] * x;
-        }
-      }
-      const float sc = vq_float(ks[tok * NG + g]), bi = vq_float(kb[tok * NG + g]);
-      for (int r = 0; r < REP; r++) s[r] += sc * part[r] + bi * qg[r * NG + g];
+    VQ_UNROLL
+    for (int i = 0; i < KWPT; i += 4) {
+      const uint4 u = vq_load4(kw, (base + t) * KWPT + i);
+      kr[i] = u.x; kr[i + 1] = u.y; kr[i + 2] = u.z; kr[i + 3] = u.w;
+    }
+    VQ_UNROLL
+    for (int g = 0; g < NG; g++) { ksc[g] = vq_float(ks[(base + t) * NG + g]); kbi[g] = vq_float(kb[(base + t) * NG + g]); }
+  } else {
+    VQ_UNROLL
+    for (int i = 0; i < KWPT; i++) kr[i] = 0u;
+    VQ_UNROLL
+    for (int g = 0; g < NG; g++) { ksc[g] = 0.0f; kbi[g] = 0.0f; }
+  }
+  uint vr[VLPT][4];
+  float vsc[VLPT], vbi[VLPT];
+  VQ_UNROLL
+  for (int it = 0; it < VLPT; it++) {
+    const int tv = tt + it * VTPI + vtok;
+    vr[it][0] = vr[it][1] = vr[it][2] = vr[it][3] = 0u; vsc[it] = 0.0f; vbi[it] = 0.0f;
+    if (tv < t1) {
+      const long tok = base + tv;
+      if (VW == 4) { const uint4 u = vq_load4(vw, tok * VWPT + vsub * 4); vr[it][0] = u.x; vr[it][1] = u.y; vr[it][2] = u.z; vr[it][3] = u.w; }
+      else if (VW == 2) { const uint2 u = vq_load2(vw, tok * VWPT + vsub * 2); vr[it][0] = u.x; vr[it][1] = u.y; }
+      else { vr[it][0] = vw[tok * VWPT + vsub]; }
+      vsc[it] = vq_float(vs[tok * NG + vg]); vbi[it] = vq_float(vb[tok * NG + vg]);
     }
   }
+  // scores: q·k = sum_g s_g (sum_{d in g} q_d c_d) + b_g (sum_{d in g} q_d)
+  float s[REP];
+  VQ_UNROLL
+  for (int r = 0; r < REP; r++) s[r] = 0.0f;
+  VQ_UNROLL
+  for (int g = 0; g < NG; g++) {
+    float part[REP];
+    VQ_UNROLL
+    for (int r = 0; r < REP; r++) part[r] = 0.0f;
+    VQ_UNROLL
+    for (int wi = 0; wi < G / KPW; wi++) {
+      const uint word = kr[g * (G / KPW) + wi];
+      VQ_UNROLL
+      for (int c = 0; c < KPW; c += 4) {
+        const float x0 = vq_as_float(((word >> (c * KBITS)) & KMASK) | MAGIC) - 8388608.0f;
+        const float x1 = vq_as_float(((word >> ((c + 1) * KBITS)) & KMASK) | MAGIC) - 8388608.0f;
+        const float x2 = vq_as_float(((word >> ((c + 2) * KBITS)) & KMASK) | MAGIC) - 8388608.0f;
+        const float x3 = vq_as_float(((word >> ((c + 3) * KBITS)) & KMASK) | MAGIC) - 8388608.0f;
+        const int d = g * G + wi * KPW + c;
+        VQ_UNROLL
+        for (int r = 0; r < REP; r++) {
+          const float4 qv = vq_lds4(qs, r * D + d);
+          part[r] = fma(qv.x, x0, part[r]); part[r] = fma(qv.y, x1, part[r]);
+          part[r] = fma(qv.z, x2, part[r]); part[r] = fma(qv.w, x3, part[r]);
+        }
+      }
+    }
+    VQ_UNROLL
+    for (int r = 0; r < REP; r++) s[r] += ksc[g] * part[r] + kbi[g] * qg[r * NG + g];
+  }
+  // online softmax: one simd max per query head and tile; denominators stay per lane
   float p[REP];
+  VQ_UNROLL
   for (int r = 0; r < REP; r++) {
     const float sv = valid ? s[r] : VQ_NEG_INF;
     const float mn = fmax(m[r], vq_simd_max(sv));
     const float c = exp(m[r] - mn);
     p[r] = valid ? exp(sv - mn) : 0.0f;
-    l[r] = l[r] * c + vq_simd_sum(p[r]);
-    m[r] = mn;
-    for (int k = 0; k < DPL; k++) acc[r][k] *= c;
+    lsum[r] = lsum[r] * c + p[r];
+    m[r] = mn; accb[r] *= c;
+    VQ_UNROLL
+    for (int k = 0; k < 16; k++) acc[r][k] *= c;
   }
-  const int cnt = min(32, t1 - tt);
-  for (int j = 0; j < cnt; j++) {
-    const long tok = (long)bh * cap + tt + j;
-    float vx[DPL];
-    for (int k = 0; k < DPL; k++) {
-      const int d = (int)vq_lane * DPL + k, g = d / G, vbit = d * VBITS;
-      const uint code = (vw[tok * VWPT + vbit / 32] >> (vbit % 32)) & VMASK;
-      vx[k] = vq_float(vs[tok * NG + g]) * float(code) + vq_float(vb[tok * NG + g]);
-    }
+  // values: token it*VTPI + vtok of the tile, channels vsub*16 .. vsub*16+15; its weight from the lane that scored it
+  VQ_UNROLL
+  for (int it = 0; it < VLPT; it++) {
+    float ps[REP];
+    VQ_UNROLL
     for (int r = 0; r < REP; r++) {
-      const float pj = vq_simd_shuffle(p[r], j);
-      for (int k = 0; k < DPL; k++) acc[r][k] += pj * vx[k];
+      const float pj = vq_simd_shuffle(p[r], it * VTPI + vtok);
+      ps[r] = pj * vsc[it]; accb[r] += pj * vbi[it];
+    }
+    VQ_UNROLL
+    for (int c = 0; c < 16; c++) {
+      const float x = vq_as_float(((vr[it][c / VPW] >> ((c % VPW) * VBITS)) & VMASK) | MAGIC) - 8388608.0f;
+      VQ_UNROLL
+      for (int r = 0; r < REP; r++) acc[r][c] += ps[r] * x;
     }
   }
 }
+VQ_UNROLL
 for (int r = 0; r < REP; r++) {
-  const int row = (bh * REP + r) * ns + chunk;
-  if (vq_lane == 0) { out_m[row] = m[r]; out_l[row] = l[r]; }
-  for (int k = 0; k < DPL; k++) out_acc[row * D + vq_lane * DPL + k] = acc[r][k];
+  const float lt = vq_simd_sum(lsum[r]);
+  for (int o = VLPT; o < 32; o <<= 1) {
+    accb[r] += vq_simd_shuffle_xor(accb[r], o);
+    VQ_UNROLL
+    for (int c = 0; c < 16; c++) acc[r][c] += vq_simd_shuffle_xor(acc[r][c], o);
+  }
+  if (vq_lane == 0) { wm[vq_warp * REP + r] = m[r]; wl[vq_warp * REP + r] = lt; }
+  if (vtok == 0) {
+    VQ_UNROLL
+    for (int c = 0; c < 16; c++) wacc[(vq_warp * REP + r) * D + vsub * 16 + c] = acc[r][c] + accb[r];
+  }
+}
+vq_barrier();
+for (int i = vq_tid; i < REP * D; i += 32 * NW) {
+  const int r = i / D;
+  float M = VQ_NEG_INF;
+  for (int w = 0; w < NW; w++) M = fmax(M, wm[w * REP + r]);
+  float L = 0.0f, A = 0.0f;
+  for (int w = 0; w < NW; w++) {
+    const float e = exp(wm[w * REP + r] - M);
+    L += wl[w * REP + r] * e; A += wacc[w * REP * D + i] * e;
+  }
+  const long row = (long)(bh * REP + r) * ns + chunk;
+  out_acc[row * D + i % D] = A;
+  if (i % D == 0) { out_m[row] = M; out_l[row] = L; }
 }

@@ -4,7 +4,11 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 typedef unsigned int uint;
+typedef __half vq_half;
 #define VQ_SHARED __shared__
+#define VQ_SHARED_A16 __shared__ __align__(16)
+#define VQ_UNROLL _Pragma("unroll")
+#define VQ_UNROLL4 _Pragma("unroll 4")
 #define vq_barrier() __syncthreads()
 __device__ __forceinline__ float vq_simd_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -14,11 +18,25 @@ __device__ __forceinline__ float vq_simd_max(float x) {
   for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
+__device__ __forceinline__ float vq_simd_min(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fminf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
 #define vq_simd_shuffle(x, i) __shfl_sync(0xffffffffu, (x), (i))
+#define vq_simd_shuffle_xor(x, m) __shfl_xor_sync(0xffffffffu, (x), (m))
+#define vq_ballot(p) __ballot_sync(0xffffffffu, (p))
 #define vq_popcount(x) __popc(x)
 __device__ __forceinline__ float vq_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float vq_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float vq_float(float x) { return x; }
+template <typename T> __device__ __forceinline__ T vq_from_float(float x) { return T(x); }
+template <> __device__ __forceinline__ __half vq_from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 vq_from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+#define vq_cast(T, x) vq_from_float<T>(x)
+#define vq_as_float(u) __uint_as_float((unsigned int)(u))
+#define vq_load2(p, i) (*reinterpret_cast<const uint2*>((p) + (i)))
+#define vq_load4(p, i) (*reinterpret_cast<const uint4*>((p) + (i)))
+#define vq_lds4(a, i) (*reinterpret_cast<const float4*>(&(a)[i]))
 #define VQ_NEG_INF (-__int_as_float(0x7f800000))
 namespace mlx::core::cu {
 
@@ -28,46 +46,67 @@ __global__ void vq_decode_merge(
     const float* pm,
     const float* pl,
     const float* pacc,
-    const float* q,
+    const __half* q,
     const __half* ek,
     const __half* ev,
     const float* sinks,
     const int32_t* params,
-    float* out) {
+    __half* out) {
   constexpr int D = 128;
   constexpr int REP = 4;
+  constexpr int NW = 4;
+  using OT = __half;
 
-const uint vq_lane = threadIdx.x % 32;
+const uint vq_lane = threadIdx.x % 32, vq_warp = threadIdx.x / 32, vq_tid = threadIdx.x;
 const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
 
-// pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] float32, scaled; ek, ev: [ROWS / REP, E, D];
-// sinks: [ROWS] (read only when params[2] != 0); params: [NS, E, has_sinks]. out: [ROWS, D] float32.
+// pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, E, D];
+// sinks: [ROWS] float32 (read only when has_sinks); params as the decode kernel. out: [ROWS, D] in OT.
+// One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
 constexpr int DPL = D / 32;
+VQ_SHARED float wl[NW], wacc[NW * D];
 const int row = vq_group_x, kv = row / REP;
-const int ns = params[0], E = params[1], has_sinks = params[2];
+const int n = params[0], split = params[2], E = params[3], has_sinks = params[4];
+const int ns = (n + split - 1) / split;
+const float scale = vq_as_float(params[5]);
 float qv[DPL], acc[DPL];
-for (int k = 0; k < DPL; k++) { qv[k] = q[row * D + vq_lane * DPL + k]; acc[k] = 0.0f; }
-float M = has_sinks ? sinks[row] : VQ_NEG_INF;
-for (int c = 0; c < ns; c++) M = fmax(M, pm[row * ns + c]);
+VQ_UNROLL
+for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; }
+float M = has_sinks ? sinks[row] : VQ_NEG_INF;        // pass 1: the global maximum (chunks, exact tokens, sink)
+for (int c = vq_lane; c < ns; c += 32) M = fmax(M, pm[(long)row * ns + c]);
+M = vq_simd_max(M);
 for (int e = 0; e < E; e++) {
   float s = 0.0f;
+  VQ_UNROLL
   for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * E + e) * D + vq_lane * DPL + k]);
   M = fmax(M, vq_simd_sum(s));
 }
-float L = has_sinks ? exp(sinks[row] - M) : 0.0f;
-for (int c = 0; c < ns; c++) {
-  const float w = exp(pm[row * ns + c] - M);
-  L += pl[row * ns + c] * w;
+float L = 0.0f;                                       // pass 2: independent weights, split over the simdgroups
+VQ_UNROLL4
+for (int c = vq_warp; c < ns; c += NW) {
+  const float w = exp(pm[(long)row * ns + c] - M);
+  L += pl[(long)row * ns + c] * w;
+  VQ_UNROLL
   for (int k = 0; k < DPL; k++) acc[k] += pacc[((long)row * ns + c) * D + vq_lane * DPL + k] * w;
 }
-for (int e = 0; e < E; e++) {
+for (int e = vq_warp; e < E; e += NW) {
   float s = 0.0f;
+  VQ_UNROLL
   for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * E + e) * D + vq_lane * DPL + k]);
   const float w = exp(vq_simd_sum(s) - M);
   L += w;
+  VQ_UNROLL
   for (int k = 0; k < DPL; k++) acc[k] += w * vq_float(ev[((long)kv * E + e) * D + vq_lane * DPL + k]);
 }
-for (int k = 0; k < DPL; k++) out[row * D + vq_lane * DPL + k] = acc[k] / L;
+if (vq_lane == 0) wl[vq_warp] = L;
+VQ_UNROLL
+for (int k = 0; k < DPL; k++) wacc[vq_warp * D + vq_lane * DPL + k] = acc[k];
+vq_barrier();
+for (int d = vq_tid; d < D; d += 32 * NW) {
+  float Lt = has_sinks ? exp(sinks[row] - M) : 0.0f, A = 0.0f;
+  for (int w = 0; w < NW; w++) { Lt += wl[w]; A += wacc[w * D + d]; }
+  out[(long)row * D + d] = vq_cast(OT, A / Lt);
+}
 
 }
 

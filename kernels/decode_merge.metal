@@ -1,43 +1,75 @@
 // vq_decode_merge: header
 
 #define VQ_SHARED threadgroup
+#define VQ_SHARED_A16 threadgroup alignas(16)
+#define VQ_UNROLL _Pragma("clang loop unroll(full)")
+#define VQ_UNROLL4 _Pragma("clang loop unroll_count(4)")
 #define vq_barrier() threadgroup_barrier(mem_flags::mem_threadgroup)
 #define vq_simd_sum(x) simd_sum(x)
 #define vq_simd_max(x) simd_max(x)
+#define vq_simd_min(x) simd_min(x)
 #define vq_simd_shuffle(x, i) simd_shuffle((x), (ushort)(i))
+#define vq_simd_shuffle_xor(x, m) simd_shuffle_xor((x), (ushort)(m))
+#define vq_ballot(p) ((uint)(static_cast<simd_vote::vote_t>(simd_ballot(p))))
 #define vq_popcount(x) popcount(x)
 #define vq_float(x) float(x)
+#define vq_cast(T, x) static_cast<T>(x)
+#define vq_as_float(u) as_type<float>((uint)(u))
+#define vq_load2(p, i) (*((const device uint2*)((p) + (i))))
+#define vq_load4(p, i) (*((const device uint4*)((p) + (i))))
+#define vq_lds4(a, i) (*((const threadgroup float4*)(&(a)[i])))
+typedef half vq_half;
 #define VQ_NEG_INF (-INFINITY)
 
 // vq_decode_merge: body (MLX generates the [[kernel]] signature)
-const uint vq_lane = thread_index_in_simdgroup;
+const uint vq_lane = thread_index_in_simdgroup, vq_warp = simdgroup_index_in_threadgroup;
+const uint vq_tid = thread_position_in_threadgroup.x;
 const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup_position_in_grid.y;
 
-// pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] float32, scaled; ek, ev: [ROWS / REP, E, D];
-// sinks: [ROWS] (read only when params[2] != 0); params: [NS, E, has_sinks]. out: [ROWS, D] float32.
+// pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, E, D];
+// sinks: [ROWS] float32 (read only when has_sinks); params as the decode kernel. out: [ROWS, D] in OT.
+// One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
 constexpr int DPL = D / 32;
+VQ_SHARED float wl[NW], wacc[NW * D];
 const int row = vq_group_x, kv = row / REP;
-const int ns = params[0], E = params[1], has_sinks = params[2];
+const int n = params[0], split = params[2], E = params[3], has_sinks = params[4];
+const int ns = (n + split - 1) / split;
+const float scale = vq_as_float(params[5]);
 float qv[DPL], acc[DPL];
-for (int k = 0; k < DPL; k++) { qv[k] = q[row * D + vq_lane * DPL + k]; acc[k] = 0.0f; }
-float M = has_sinks ? sinks[row] : VQ_NEG_INF;
-for (int c = 0; c < ns; c++) M = fmax(M, pm[row * ns + c]);
+VQ_UNROLL
+for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; }
+float M = has_sinks ? sinks[row] : VQ_NEG_INF;        // pass 1: the global maximum (chunks, exact tokens, sink)
+for (int c = vq_lane; c < ns; c += 32) M = fmax(M, pm[(long)row * ns + c]);
+M = vq_simd_max(M);
 for (int e = 0; e < E; e++) {
   float s = 0.0f;
+  VQ_UNROLL
   for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * E + e) * D + vq_lane * DPL + k]);
   M = fmax(M, vq_simd_sum(s));
 }
-float L = has_sinks ? exp(sinks[row] - M) : 0.0f;
-for (int c = 0; c < ns; c++) {
-  const float w = exp(pm[row * ns + c] - M);
-  L += pl[row * ns + c] * w;
+float L = 0.0f;                                       // pass 2: independent weights, split over the simdgroups
+VQ_UNROLL4
+for (int c = vq_warp; c < ns; c += NW) {
+  const float w = exp(pm[(long)row * ns + c] - M);
+  L += pl[(long)row * ns + c] * w;
+  VQ_UNROLL
   for (int k = 0; k < DPL; k++) acc[k] += pacc[((long)row * ns + c) * D + vq_lane * DPL + k] * w;
 }
-for (int e = 0; e < E; e++) {
+for (int e = vq_warp; e < E; e += NW) {
   float s = 0.0f;
+  VQ_UNROLL
   for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * E + e) * D + vq_lane * DPL + k]);
   const float w = exp(vq_simd_sum(s) - M);
   L += w;
+  VQ_UNROLL
   for (int k = 0; k < DPL; k++) acc[k] += w * vq_float(ev[((long)kv * E + e) * D + vq_lane * DPL + k]);
 }
-for (int k = 0; k < DPL; k++) out[row * D + vq_lane * DPL + k] = acc[k] / L;
+if (vq_lane == 0) wl[vq_warp] = L;
+VQ_UNROLL
+for (int k = 0; k < DPL; k++) wacc[vq_warp * D + vq_lane * DPL + k] = acc[k];
+vq_barrier();
+for (int d = vq_tid; d < D; d += 32 * NW) {
+  float Lt = has_sinks ? exp(sinks[row] - M) : 0.0f, A = 0.0f;
+  for (int w = 0; w < NW; w++) { Lt += wl[w]; A += wacc[w * D + d]; }
+  out[(long)row * D + d] = vq_cast(OT, A / Lt);
+}

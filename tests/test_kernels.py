@@ -1,5 +1,6 @@
-"""Kernels: plain-file copies in sync, CUDA bodies compile for sm_90, and (flag `gpu`) parity with the MLX reference."""
-import os, shutil
+"""Kernels: plain-file copies in sync, CUDA bodies compile for sm_90, the bit-level scoring identity (CPU), and
+(flag `gpu`) parity of every kernel with the MLX reference."""
+import math, os, shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -8,22 +9,34 @@ import pytest
 
 from veloxquant import kernels
 from veloxquant.attention import Partial, blockwise_attention
+from veloxquant.quant import pack_bits, unpack_bits
 
 ROOT = Path(__file__).resolve().parents[1]
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not os.environ.get("CI"), reason="nvcc not installed")
 
 
 def test_kernel_files_in_sync():
-    for name, text in kernels.kernel_files().items():
+    files = kernels.kernel_files()
+    assert set(files) == {f"{n}.{e}" for n in kernels.KERNELS for e in ("cu", "metal")}
+    for name, text in files.items():
         assert (ROOT / "kernels" / name).read_text() == text, f"kernels/{name} is out of sync: run nbs/06_kernels.ipynb"
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None and not os.environ.get("CI"), reason="nvcc not installed")
-@pytest.mark.parametrize("D,kb,vb,rep", [(64, 2, 4, 1), (64, 4, 4, 3), (128, 8, 2, 8), (128, 4, 4, 4)])
-def test_cuda_body_compiles(tmp_path, D, kb, vb, rep):
-    p = tmp_path / "k.cu"
-    p.write_text(kernels.cuda_source("vq_affine_decode", kernels.AFFINE_DECODE_BODY,
-                                     template=dict(D=D, KBITS=kb, VBITS=vb, G=64, REP=rep), **kernels.AFFINE_DECODE_CU_TYPES))
+@needs_nvcc
+@pytest.mark.parametrize("name,i", [(n, i) for n, k in kernels.KERNELS.items() for i in range(1 + len(k[4]))])
+def test_cuda_body_compiles(tmp_path, name, i):
+    kname, body, types, tmpl, extra = kernels.KERNELS[name]
+    p = tmp_path / f"{name}.cu"
+    p.write_text(kernels.cuda_source(kname, body, template=[tmpl, *extra][i], **types))
     kernels.nvcc_check(p)
+
+
+def test_nvcc_check_reports_errors(tmp_path):
+    if shutil.which("nvcc") is None: pytest.skip("nvcc not installed")
+    p = tmp_path / "bad.cu"
+    p.write_text(kernels.cuda_source("bad", "int x = undefined_name;", inputs=[("a", "float32")], outputs=[("b", "float32")], template={}))
+    with pytest.raises(RuntimeError, match="undefined_name"):
+        kernels.nvcc_check(p)
 
 
 def test_cpu_has_no_kernel_backend():
@@ -31,6 +44,50 @@ def test_cpu_has_no_kernel_backend():
         assert kernels.backend() is None
         with pytest.raises(ValueError, match="does not support"):
             kernels.affine_decode_attention(mx.zeros((1, 1, 1, 1, 64)), {}, {}, 1, 4, 4, 64)
+        with pytest.raises(ValueError, match="does not support"):
+            kernels.affine_fused_append(mx.zeros((1, 1, 1, 64)), mx.zeros((1, 1, 1, 64)), 4, 4, 64)
+        with pytest.raises(ValueError, match="does not support"):
+            kernels.tq_fused_append(mx.zeros((1, 1, 1, 64)), mx.zeros((1, 1, 1, 64)), mx.eye(64), mx.zeros((7,)), mx.zeros((7,)))
+        with pytest.raises(ValueError, match="does not support"):
+            kernels.sign_scores(mx.zeros((1, 1, 1, 128)), mx.zeros((1, 1, 4, 4), mx.uint32), mx.zeros((1, 1, 4, 1), mx.float16), 4)
+
+
+def test_decode_split():
+    for n, rows in [(1, 8), (1000, 8), (32768, 8), (32768, 64), (131072, 64), (10 ** 6, 1)]:
+        s = kernels.decode_split(n, rows, warps=4)
+        assert s % 128 == 0 and 128 <= s <= 8192
+        assert -(-n // s) * rows <= max(kernels.DECODE_TARGET_GROUPS, rows) or s == 8192
+
+
+def _popcount(x):
+    return np.unpackbits(x.view(np.uint8), axis=-1).reshape(*x.shape, 32).sum(-1).astype(np.int64)
+
+
+@pytest.mark.parametrize("m,qb", [(128, 4), (256, 8)])
+def test_sign_score_identity(m, qb):
+    "The XOR/popcount formula of SIGN_SCORE_BODY, emulated bit for bit in numpy, equals the quantized estimator (float64)."
+    rng = np.random.default_rng(0)
+    u = rng.standard_normal((3, m)); z = rng.choice([-1.0, 1.0], size=(5, m))
+    words = np.array(pack_bits(mx.array((z > 0).astype(np.uint32)), 1))                      # [5, m/32]
+    lo, hi = u.min(-1, keepdims=True), u.max(-1, keepdims=True)
+    delta = (hi - lo) / ((1 << qb) - 1)
+    ub = np.clip(np.round((u - lo) / delta), 0, (1 << qb) - 1).astype(np.uint32)             # [3, m]
+    planes = np.stack([np.array(pack_bits(mx.array((ub >> k) & 1), 1)) for k in range(qb)], 1)  # [3, qb, m/32]
+    pb = _popcount(words).sum(-1)                                                             # [5]
+    x = _popcount(planes[:, None] ^ words[None, :, None])                                     # [3, 5, qb, m/32]
+    acc = ((_popcount(words)[None, :, None] - x).sum(-1) * (1 << np.arange(qb))).sum(-1)      # [3, 5]
+    est = lo * (2 * pb - m)[None] + delta * acc
+    np.testing.assert_allclose(est, (lo + delta * ub) @ z.T, rtol=1e-12, atol=1e-9)
+    # and the MLX reference computes the same estimator
+    ref = kernels.sign_scores_reference(mx.array(u[None, None].astype(np.float32)), mx.array(words[None, None]),
+                                        mx.ones((1, 1, 5, 1), mx.float16), 5, qb)
+    np.testing.assert_allclose(np.array(ref)[0, 0], est * math.sqrt(math.pi / 2) / m, rtol=1e-4, atol=1e-4)
+
+
+def _codes(words, bits, n):
+    "Codes of an LSB-first bit stream of uint32 words [..., W] (any bits), numpy int64 [..., n]."
+    b = np.unpackbits(np.array(words).view(np.uint8), axis=-1, bitorder="little")[..., :n * bits]
+    return (b.reshape(*b.shape[:-1], n, bits).astype(np.int64) << np.arange(bits)).sum(-1)
 
 
 def _reference(q, kd, vd, n, kbits, vbits, gs):
@@ -39,10 +96,10 @@ def _reference(q, kd, vd, n, kbits, vbits, gs):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,Hkv,rep,D,n,cap,kbits,vbits,gs", [
-    (1, 8, 4, 128, 1000, 1024, 4, 4, 64), (2, 2, 3, 64, 777, 1024, 2, 4, 32), (1, 1, 8, 128, 5000, 5120, 8, 8, 128),
-    (3, 4, 1, 64, 257, 512, 4, 2, 64), (1, 3, 3, 64, 31, 256, 4, 4, 64)])
-def test_fused_decode_parity(B, Hkv, rep, D, n, cap, kbits, vbits, gs):
+@pytest.mark.parametrize("B,Hkv,rep,D,n,cap,kbits,vbits,gs,warps", [
+    (1, 8, 4, 128, 1000, 1024, 4, 4, 64, 4), (2, 2, 3, 64, 777, 1024, 2, 4, 32, 2), (1, 1, 8, 128, 5000, 5120, 8, 8, 128, 8),
+    (3, 4, 1, 64, 257, 512, 4, 2, 64, 4), (1, 3, 3, 64, 31, 256, 4, 4, 64, 1), (2, 8, 4, 128, 3000, 3072, 2, 8, 32, 4)])
+def test_fused_decode_parity(B, Hkv, rep, D, n, cap, kbits, vbits, gs, warps):
     mx.random.seed(1)
     k = mx.random.normal((B, Hkv, cap, D)).astype(mx.float16); v = mx.random.normal((B, Hkv, cap, D)).astype(mx.float16)
     kd = dict(zip(("w", "scales", "biases"), mx.quantize(k, group_size=gs, bits=kbits)))
@@ -52,35 +109,17 @@ def test_fused_decode_parity(B, Hkv, rep, D, n, cap, kbits, vbits, gs):
     sinks = mx.random.normal((Hkv * rep,))
     kr, vr = _reference(q, kd, vd, n, kbits, vbits, gs)
     ref = mx.fast.scaled_dot_product_attention(q, mx.concatenate([kr, ek], 2), mx.concatenate([vr, ev], 2), scale=D ** -0.5, mask=None, sinks=sinks)
-    part = Partial(lambda qq: kernels.affine_decode_attention(qq, kd, vd, n, kbits, vbits, gs, split=200), n)
+    part = Partial(lambda qq: kernels.affine_decode_attention(qq, kd, vd, n, kbits, vbits, gs, split=200, warps=warps), n)
     out = blockwise_attention(q, n, [part], ek, ev, D ** -0.5, None, sinks)
     np.testing.assert_allclose(np.array(out), np.array(ref), atol=2e-4, rtol=2e-3)
 
 
 @pytest.mark.gpu
-def test_fused_matches_reference_in_generation(tiny_model):
-    import veloxquant as vq
-    toks = [i % 120 + 3 for i in range(300)]
-    outs = []
-    for uk in (True, False):
-        caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("affine", key_bits=4, value_bits=4, use_kernels=uk))
-        tiny_model(mx.array(toks[:280])[None], cache=caches)
-        outs.append(mx.concatenate([tiny_model(mx.array([[t]]), cache=caches) for t in toks[280:]], axis=1))
-    np.testing.assert_allclose(np.array(outs[0]), np.array(outs[1]), atol=1e-3, rtol=1e-3)
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None and not os.environ.get("CI"), reason="nvcc not installed")
-@pytest.mark.parametrize("D,rep", [(64, 3), (128, 8)])
-def test_merge_body_compiles(tmp_path, D, rep):
-    p = tmp_path / "m.cu"
-    p.write_text(kernels.cuda_source("vq_decode_merge", kernels.DECODE_MERGE_BODY, template=dict(D=D, REP=rep), **kernels.DECODE_MERGE_CU_TYPES))
-    kernels.nvcc_check(p)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,Hkv,rep,D,n,E,sinks,dtype", [(1, 8, 4, 128, 1000, 1, False, mx.float16), (2, 3, 3, 64, 700, 17, True, mx.bfloat16),
-                                                        (3, 2, 1, 64, 65, 4, True, mx.float32)])
-def test_fused_decode_end_to_end_parity(B, Hkv, rep, D, n, E, sinks, dtype):
+@pytest.mark.parametrize("B,Hkv,rep,D,n,E,sinks,dtype,split", [(1, 8, 4, 128, 1000, 1, False, mx.float16, None),
+                                                              (2, 3, 3, 64, 700, 17, True, mx.bfloat16, 128),
+                                                              (3, 2, 1, 64, 65, 4, True, mx.float32, None),
+                                                              (8, 8, 4, 128, 20000, 1, False, mx.float16, None)])
+def test_fused_decode_end_to_end_parity(B, Hkv, rep, D, n, E, sinks, dtype, split):
     mx.random.seed(2)
     cap = n + 100
     k = mx.random.normal((B, Hkv, cap, D)).astype(mx.float16); v = mx.random.normal((B, Hkv, cap, D)).astype(mx.float16)
@@ -92,7 +131,86 @@ def test_fused_decode_end_to_end_parity(B, Hkv, rep, D, n, E, sinks, dtype):
     kr, vr = _reference(q, kd, vd, n, 4, 4, 64)
     ref = mx.fast.scaled_dot_product_attention(q.astype(mx.float32), mx.concatenate([kr, ek.astype(mx.float32)], 2),
                                                mx.concatenate([vr, ev.astype(mx.float32)], 2), scale=D ** -0.5, mask=None, sinks=sk)
-    out = kernels.affine_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sk, 4, 4, 64)
+    out = kernels.affine_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sk, 4, 4, 64, split=split)
     assert out.dtype == dtype and out.shape == (B, Hkv * rep, 1, D)
     tol = 2e-4 if dtype == mx.float32 else 2e-2
     np.testing.assert_allclose(np.array(out.astype(mx.float32)), np.array(ref), atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["affine", "turboquant"])
+def test_fused_matches_reference_in_generation(tiny_model, method):
+    import veloxquant as vq
+    toks = [i % 120 + 3 for i in range(300)]
+    opts = dict(key_bits=4, value_bits=4) if method == "affine" else dict(key_bits=3, value_bits=2)
+    outs = []
+    for uk in (True, False):
+        caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig(method, use_kernels=uk, **opts))
+        tiny_model(mx.array(toks[:280])[None], cache=caches)
+        outs.append(mx.concatenate([tiny_model(mx.array([[t]]), cache=caches) for t in toks[280:]], axis=1))
+    tol = 1e-3 if method == "affine" else 3e-2  # turboquant: the reference's rotation matmul runs in TF32 on CUDA
+    np.testing.assert_allclose(np.array(outs[0]), np.array(outs[1]), atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,T,D,kbits,vbits,gs,dtype", [(1, 8, 1, 128, 4, 4, 64, mx.float16), (2, 3, 37, 64, 2, 8, 32, mx.float32),
+                                                          (1, 2, 300, 128, 3, 6, 128, mx.bfloat16), (2, 2, 5, 96, 5, 4, 32, mx.float16)])
+def test_affine_append_parity(B, H, T, D, kbits, vbits, gs, dtype):
+    mx.random.seed(3)
+    k = (mx.random.normal((B, H, T, D)) * 3 + 0.5).astype(dtype); v = mx.random.normal((B, H, T, D)).astype(dtype)
+    fk, fv = kernels.affine_fused_append(k, v, kbits, vbits, gs)
+    for x, f, b in ((k, fk, kbits), (v, fv, vbits)):
+        w, s, bi = mx.quantize(x.astype(mx.float16), group_size=gs, bits=b)
+        assert f["w"].shape == w.shape and f["scales"].shape == s.shape and f["w"].dtype == mx.uint32 and f["scales"].dtype == mx.float16
+        np.testing.assert_allclose(np.array(f["scales"]), np.array(s), rtol=2e-3, atol=1e-6)
+        np.testing.assert_allclose(np.array(f["biases"]), np.array(bi), rtol=2e-3, atol=1e-6)
+        cf, cr = _codes(f["w"], b, D), _codes(w, b, D)
+        assert (cf == cr).mean() > 0.999 and np.abs(cf - cr).max() <= 1
+        xf = np.array(x.astype(mx.float16).astype(mx.float32))
+        err = lambda w_, s_, b_: np.abs(np.array(mx.dequantize(w_, s_, b_, group_size=gs, bits=b).astype(mx.float32)) - xf).mean()
+        assert err(f["w"], f["scales"], f["biases"]) <= err(w, s, bi) * 1.01 + 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,T,D,kbits,vbits,rot", [(1, 8, 1, 128, 3, 3, "hadamard"), (2, 2, 50, 64, 1, 4, "orthogonal"),
+                                                     (1, 4, 300, 128, 2, 4, "hadamard")])
+def test_tq_append_parity(B, H, T, D, kbits, vbits, rot):
+    from veloxquant.methods.turboquant import TurboQuantCodec
+    mx.random.seed(4)
+    k = mx.random.normal((B, H, T, D)).astype(mx.float16); v = (mx.random.normal((B, H, T, D)) * 0.1).astype(mx.float16)
+    ck, cv = TurboQuantCodec(D, kbits, 0, rot), TurboQuantCodec(D, vbits, 0, rot)
+    fk, fv = kernels.tq_fused_append(k, v, ck.R, ck.groups[0][4], cv.groups[0][4])
+    R = np.array(ck.R).astype(np.float64)
+    for x, f, c, b in ((k, fk, ck, kbits), (v, fv, cv, vbits)):
+        ref = c.encode(x)
+        assert f.keys() == ref.keys() and all(f[n].shape == ref[n].shape and f[n].dtype == ref[n].dtype for n in f)
+        xn = np.array(x.astype(mx.float32)).astype(np.float64)
+        nrm = np.linalg.norm(xn, axis=-1, keepdims=True)
+        y = (xn / nrm) @ R
+        exact = (y[..., None] > np.array(c.groups[0][4]).astype(np.float64)).sum(-1)       # float64 codes
+        got = np.array(unpack_bits(f["c0"], b, D))
+        assert (got == exact).mean() > 0.999
+        np.testing.assert_allclose(np.array(f["norm"].astype(mx.float32)), np.array(ref["norm"].astype(mx.float32)), rtol=1e-3)
+        # decoding the fused codes with the codec gives the reference's accuracy
+        e_f = np.abs(np.array(c.decode(f)) - xn).mean(); e_r = np.abs(np.array(c.decode(ref)) - xn).mean()
+        assert e_f <= e_r * 1.02 + 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Hkv,rep,m,n,cap,qb", [(1, 8, 4, 256, 1000, 1024, 8), (2, 2, 1, 128, 77, 256, 4), (1, 3, 8, 512, 3000, 3000, 8)])
+def test_sign_scores_parity(B, Hkv, rep, m, n, cap, qb):
+    mx.random.seed(5)
+    u = mx.random.normal((B, Hkv, rep, m))
+    signs = pack_bits((mx.random.normal((B, Hkv, cap, m)) > 0).astype(mx.uint32), 1)
+    norms = (mx.random.uniform(shape=(B, Hkv, cap, 1)) * 4).astype(mx.float16)
+    out = kernels.sign_scores(u, signs, norms, n, qb)
+    assert out.shape == (B, Hkv, rep, n) and out.dtype == mx.float32
+    # exact float64 version of the same estimator (the MLX reference's matmul runs in TF32 on CUDA)
+    un = np.array(u).astype(np.float64)
+    lo, hi = un.min(-1, keepdims=True), un.max(-1, keepdims=True)
+    delta = (hi - lo) / ((1 << qb) - 1)
+    ut = lo + delta * np.clip(np.round((un - lo) / delta), 0, (1 << qb) - 1)
+    z = np.array(unpack_bits(signs[:, :, :n], 1, m)).astype(np.float64) * 2 - 1
+    ref = np.einsum("bhrm,bhnm->bhrn", ut, z) * math.sqrt(math.pi / 2) / m * np.array(norms[:, :, :n, 0].astype(mx.float32))[:, :, None]
+    np.testing.assert_allclose(np.array(out), ref, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(np.array(kernels.sign_scores_reference(u, signs, norms, n, qb)), ref, atol=2e-2, rtol=2e-2)

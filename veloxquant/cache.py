@@ -82,13 +82,16 @@ class VQCache(_BaseCache):
     `fused_decode(head_dim_k, head_dim_v)`, if given, returns a function `(queries, k_arrays, v_arrays,
     n, exact_keys, exact_values, scale, sinks) -> output` that computes a decode step's attention
     with fused kernels (see `veloxquant.kernels`), or None where it does not apply.
+    `fused_encode(key_codec, value_codec)`, if given, returns a function `(keys, values) -> (key_arrays,
+    value_arrays)` that encodes new tokens exactly as the codecs' `encode` would, in fused kernels, or None.
     Keys/values arrive as [B, n_kv_heads, T, head_dim] (keys after RoPE)."""
     block_size = None  # tokens per history block; None: `block_tokens` (adapts to the number of queries)
 
-    def __init__(self, config: KVCacheConfig, make_codecs, window: int = 0, fused_decode=None):
+    def __init__(self, config: KVCacheConfig, make_codecs, window: int = 0, fused_decode=None, fused_encode=None):
         check_int("window", window, 0)
         self.config, self._make_codecs, self.window = config, make_codecs, window
         self.fused_decode = fused_decode  # optional (head_dim_k, head_dim_v) -> fused decode attention or None
+        self.fused_encode = fused_encode  # optional (key_codec, value_codec) -> fused (keys, values) encoder or None
         self.offset, self.dims = 0, None
         self.k_codec = self.v_codec = None
         self.k_store, self.v_store = TokenStore(), TokenStore()
@@ -144,8 +147,10 @@ class VQCache(_BaseCache):
         g = max(self.k_codec.token_group, self.v_codec.token_group)
         n_out = max(0, k.shape[2] - self.window); n_out -= n_out % g
         if n_out:
-            self.k_store.append(self.k_codec.encode(k[:, :, :n_out]))
-            self.v_store.append(self.v_codec.encode(v[:, :, :n_out]))
+            enc = self.fused_encode(self.k_codec, self.v_codec) if self.fused_encode is not None else None
+            if enc is not None: ke, ve = enc(k[:, :, :n_out], v[:, :, :n_out])
+            else: ke, ve = self.k_codec.encode(k[:, :, :n_out]), self.v_codec.encode(v[:, :, :n_out])
+            self.k_store.append(ke); self.v_store.append(ve)
         keep = k.shape[2] > n_out
         self.k_exact = k[:, :, n_out:].astype(mx.float16) if keep else None
         self.v_exact = v[:, :, n_out:].astype(mx.float16) if keep else None

@@ -170,18 +170,24 @@ def eval_main(a) -> list[dict]:
 
 # %% ../nbs/08_cli.ipynb #6847530c
 def benchmark_main(argv):
-    "`veloxquant benchmark [--seq-lens ...] [--batches ...] [--head-dims ...] [--generate] [--out FILE]`."
-    from veloxquant.kernels import benchmark_decode, print_benchmark, benchmark_generate
+    "`veloxquant benchmark [--seq-lens ...] [--batches ...] [--head-dims ...] [--append] [--generate] [--out FILE]`."
+    from veloxquant.kernels import benchmark_decode, print_benchmark, benchmark_generate, benchmark_append, benchmark_sign_scores
     p = argparse.ArgumentParser(prog="veloxquant benchmark", description="decode-attention latency and bandwidth")
     p.add_argument("--seq-lens", default="1024,4096,16384,32768,131072"); p.add_argument("--batches", default="1,8")
     p.add_argument("--head-dims", default="64,128"); p.add_argument("--bits", type=int, default=4, choices=(2, 4, 8))
-    p.add_argument("--repeats", type=int, default=20); p.add_argument("--generate", action="store_true",
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--append", action="store_true", help="also the fused append (affine, turboquant) and qjl sign-scoring kernels vs their references (GPU)")
+    p.add_argument("--generate", action="store_true",
                    help="also end-to-end decode on a random Llama-3.1-8B-shaped model at 8k and 32k (GPU)")
     p.add_argument("--out", default=None, help="write the records as JSON here")
     a = p.parse_args(argv)
     rows = benchmark_decode(_csv(a.seq_lens, int), _csv(a.batches, int), _csv(a.head_dims, int), bits=a.bits, repeats=a.repeats)
-    print_benchmark(rows)
+    print("one step per evaluation:"); print_benchmark(rows)
+    print("back-to-back steps (per-step GPU time):"); print_benchmark(rows, pipelined=True)
     res = {"decode": rows}
+    if a.append:
+        res["append"], res["sign_scores"] = benchmark_append(), benchmark_sign_scores()
+        for r in res["append"] + res["sign_scores"]: print(r)
     if a.generate: res["generate"] = benchmark_generate()
     if a.out:
         with open(a.out, "w") as f: json.dump(res, f, indent=1)

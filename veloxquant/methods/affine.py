@@ -20,7 +20,7 @@ AFFINE_BITS = (2, 3, 4, 5, 6, 8)
 class AffineConfig(MethodConfig):
     """Options of `affine`: `key_bits`, `value_bits` in {2, 3, 4, 5, 6, 8}; `group_size` in {32, 64, 128}
     (must divide head_dim); `window` ≥ 0 most recent tokens kept in fp16; `use_kernels`: on a GPU,
-    decode steps use the fused kernel of `veloxquant.kernels` where it applies (False: MLX reference)."""
+    decode steps use the fused decode-attention kernels of `veloxquant.kernels` where they apply (False: MLX reference)."""
     key_bits: int = 4
     value_bits: int = 4
     group_size: int = 64
@@ -62,6 +62,8 @@ def _make(config: KVCacheConfig):
             return None
         return lambda queries, k, v, n, ek, ev, scale, sinks: kernels.affine_fused_decode(
             queries, k, v, n, ek, ev, scale, sinks, cfg.key_bits, cfg.value_bits, cfg.group_size)
+    # Appends stay on `mx.quantize` (two native dispatches): on the H200 it is faster than the one-dispatch
+    # `kernels.affine_fused_append` (0.72-0.81x, see the kernels notebook), so that kernel is not wired in here.
     return VQCache(config, codecs, window=cfg.window, fused_decode=fused)
 
 METHOD = register_method("affine", AffineConfig, _make, "group affine quantization (mx.quantize), as mlx-lm's QuantizedKVCache")

@@ -35,7 +35,9 @@ class TurboQuantConfig(MethodConfig):
     `center=True` subtracts a per-head mean vector (from the first chunk encoded) before quantizing
     and adds its exact contribution back in attention (a veloxquant extension, not in the paper);
     `variant` 'mse' (default) or 'prod' (keys: `key_bits − 1` bits MSE + 1-bit QJL sketch of the
-    residual, unbiased inner products; values stay 'mse')."""
+    residual, unbiased inner products; values stay 'mse'); `use_kernels`: on a GPU, new tokens are encoded
+    by the fused append kernel of `veloxquant.kernels` where it applies ('mse', integer bits, no centering;
+    False: MLX reference)."""
     key_bits: float = 3
     value_bits: float = 3
     window: int = 0
@@ -44,12 +46,14 @@ class TurboQuantConfig(MethodConfig):
     codebook: str = "sphere"
     center: bool = False
     variant: str = "mse"
+    use_kernels: bool = True
     def validate(self):
         check_bits("key_bits", self.key_bits); check_bits("value_bits", self.value_bits)
         check_int("window", self.window, 0); check_int("seed", self.seed, 0)
         check_choice("rotation", self.rotation, ROTATIONS); check_choice("codebook", self.codebook, TQ_CODEBOOKS)
         check_bool("center", self.center)
         check_choice("variant", self.variant, TQ_VARIANTS)
+        check_bool("use_kernels", self.use_kernels)
         if self.variant == "prod" and self.key_bits < 2:
             raise ValueError(f"key_bits={self.key_bits!r} is not allowed with variant='prod' (b−1 bits MSE + 1 bit QJL); "
                              f"allowed values: {[b for b in TQ_BITS if b >= 2]}")
@@ -215,7 +219,13 @@ def _make(config: KVCacheConfig):
         kc = TurboQuantProdCodec if cfg.variant == "prod" else TurboQuantCodec
         return (kc(kd, cfg.key_bits, cfg.seed, cfg.rotation, cfg.codebook, cfg.center),
                 TurboQuantCodec(vd, cfg.value_bits, cfg.seed, cfg.rotation, cfg.codebook, cfg.center))
-    return TurboQuantCache(config, codecs, window=cfg.window)
+    def encode(kc, vc):  # the fused append kernel (rotate + codebook + pack, keys and values in one dispatch) where it applies
+        from veloxquant import kernels
+        if not (cfg.use_kernels and cfg.variant == "mse" and not cfg.center and kc.head_dim == vc.head_dim
+                and len(kc.groups) == 1 and len(vc.groups) == 1 and kernels.tq_append_supported(kc.head_dim, kc.bits, vc.bits)):
+            return None
+        return lambda keys, values: kernels.tq_fused_append(keys, values, kc.R, kc.groups[0][4], vc.groups[0][4])
+    return TurboQuantCache(config, codecs, window=cfg.window, fused_encode=encode)
 
 METHOD = register_method("turboquant", TurboQuantConfig, _make,
                          "random rotation + per-coordinate Lloyd–Max codes + fp16 norm (TurboQuant MSE, arXiv 2504.19874)")

@@ -1,0 +1,107 @@
+#include <cooperative_groups.h>
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+typedef unsigned int uint;
+typedef __half vq_half;
+#define VQ_SHARED __shared__
+#define VQ_SHARED_A16 __shared__ __align__(16)
+#define VQ_UNROLL _Pragma("unroll")
+#define VQ_UNROLL4 _Pragma("unroll 4")
+#define vq_barrier() __syncthreads()
+__device__ __forceinline__ float vq_simd_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ __forceinline__ float vq_simd_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float vq_simd_min(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fminf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+#define vq_simd_shuffle(x, i) __shfl_sync(0xffffffffu, (x), (i))
+#define vq_simd_shuffle_xor(x, m) __shfl_xor_sync(0xffffffffu, (x), (m))
+#define vq_ballot(p) __ballot_sync(0xffffffffu, (p))
+#define vq_popcount(x) __popc(x)
+__device__ __forceinline__ float vq_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float vq_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float vq_float(float x) { return x; }
+template <typename T> __device__ __forceinline__ T vq_from_float(float x) { return T(x); }
+template <> __device__ __forceinline__ __half vq_from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 vq_from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+#define vq_cast(T, x) vq_from_float<T>(x)
+#define vq_as_float(u) __uint_as_float((unsigned int)(u))
+#define vq_load2(p, i) (*reinterpret_cast<const uint2*>((p) + (i)))
+#define vq_load4(p, i) (*reinterpret_cast<const uint4*>((p) + (i)))
+#define vq_lds4(a, i) (*reinterpret_cast<const float4*>(&(a)[i]))
+#define VQ_NEG_INF (-__int_as_float(0x7f800000))
+namespace mlx::core::cu {
+
+namespace cg = cooperative_groups;
+
+__global__ void vq_affine_append(
+    const __half* xk,
+    const __half* xv,
+    uint32_t* kw,
+    __half* ks,
+    __half* kb,
+    uint32_t* vw,
+    __half* vs,
+    __half* vb) {
+  constexpr int D = 128;
+  constexpr int KBITS = 4;
+  constexpr int VBITS = 4;
+  constexpr int G = 64;
+
+const uint vq_lane = threadIdx.x % 32, vq_warp = threadIdx.x / 32, vq_tid = threadIdx.x;
+const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
+
+// xk, xv: [N, D] new keys / values (any float dtype), N = B*Hkv*T tokens. Threadgroup: D threads on token
+// vq_group_x of side vq_group_y (0 keys, 1 values). Out kw: [N, D*KBITS/32] uint32, ks, kb: [N, D/G] fp16; vw, vs, vb likewise.
+constexpr int NG = D / G, KW = D * KBITS / 32, VW = D * VBITS / 32;
+VQ_SHARED float gmin[D / 32], gmax[D / 32];
+VQ_SHARED uint codes[D];
+const int tok = vq_group_x, side = vq_group_y, d = vq_tid, g = d / G;
+const int bits = side ? VBITS : KBITS;
+const float x = vq_float(vq_cast(vq_half, vq_float(side ? xv[(long)tok * D + d] : xk[(long)tok * D + d])));
+const float wmin = vq_simd_min(x), wmax = vq_simd_max(x);
+if (vq_lane == 0) { gmin[vq_warp] = wmin; gmax[vq_warp] = wmax; }
+vq_barrier();
+float lo = gmin[g * (G / 32)], hi = gmax[g * (G / 32)];
+for (int w = 1; w < G / 32; w++) { lo = fmin(lo, gmin[g * (G / 32) + w]); hi = fmax(hi, gmax[g * (G / 32) + w]); }
+const float nb = float((1 << bits) - 1);
+float sc = fmax((hi - lo) / nb, 1e-7f);
+const bool neg = fabs(lo) > fabs(hi);
+sc = neg ? sc : -sc;
+const float edge = neg ? lo : hi;
+const float q0 = round(edge / sc);
+sc = q0 == 0.0f ? sc : edge / q0;
+const float bias = q0 == 0.0f ? 0.0f : edge;
+codes[d] = (uint)fmin(fmax(round((x - bias) / sc), 0.0f), nb);
+if (d % G == 0) {
+  if (side) { vs[(long)tok * NG + g] = vq_cast(vq_half, sc); vb[(long)tok * NG + g] = vq_cast(vq_half, bias); }
+  else      { ks[(long)tok * NG + g] = vq_cast(vq_half, sc); kb[(long)tok * NG + g] = vq_cast(vq_half, bias); }
+}
+vq_barrier();
+if (side) {
+  for (int w = vq_tid; w < VW; w += D) {   // packed word w of the LSB-first bit stream of D codes of VBITS bits
+    uint word = 0u;
+    const int b0 = w * 32, i0 = b0 / VBITS, i1 = min(D, (b0 + 32 + VBITS - 1) / VBITS);
+    for (int i = i0; i < i1; i++) { const int sh = i * VBITS - b0; word |= sh >= 0 ? (codes[i] << sh) : (codes[i] >> (-sh)); }
+    vw[(long)tok * VW + w] = word;
+  }
+} else {
+  for (int w = vq_tid; w < KW; w += D) {   // packed word w of the LSB-first bit stream of D codes of KBITS bits
+    uint word = 0u;
+    const int b0 = w * 32, i0 = b0 / KBITS, i1 = min(D, (b0 + 32 + KBITS - 1) / KBITS);
+    for (int i = i0; i < i1; i++) { const int sh = i * KBITS - b0; word |= sh >= 0 ? (codes[i] << sh) : (codes[i] >> (-sh)); }
+    kw[(long)tok * KW + w] = word;
+  }
+}
+
+}
+
+} // namespace mlx::core::cu

@@ -1,0 +1,66 @@
+// vq_tq_append: header
+
+#define VQ_SHARED threadgroup
+#define VQ_SHARED_A16 threadgroup alignas(16)
+#define VQ_UNROLL _Pragma("clang loop unroll(full)")
+#define VQ_UNROLL4 _Pragma("clang loop unroll_count(4)")
+#define vq_barrier() threadgroup_barrier(mem_flags::mem_threadgroup)
+#define vq_simd_sum(x) simd_sum(x)
+#define vq_simd_max(x) simd_max(x)
+#define vq_simd_min(x) simd_min(x)
+#define vq_simd_shuffle(x, i) simd_shuffle((x), (ushort)(i))
+#define vq_simd_shuffle_xor(x, m) simd_shuffle_xor((x), (ushort)(m))
+#define vq_ballot(p) ((uint)(static_cast<simd_vote::vote_t>(simd_ballot(p))))
+#define vq_popcount(x) popcount(x)
+#define vq_float(x) float(x)
+#define vq_cast(T, x) static_cast<T>(x)
+#define vq_as_float(u) as_type<float>((uint)(u))
+#define vq_load2(p, i) (*((const device uint2*)((p) + (i))))
+#define vq_load4(p, i) (*((const device uint4*)((p) + (i))))
+#define vq_lds4(a, i) (*((const threadgroup float4*)(&(a)[i])))
+typedef half vq_half;
+#define VQ_NEG_INF (-INFINITY)
+
+// vq_tq_append: body (MLX generates the [[kernel]] signature)
+const uint vq_lane = thread_index_in_simdgroup, vq_warp = simdgroup_index_in_threadgroup;
+const uint vq_tid = thread_position_in_threadgroup.x;
+const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup_position_in_grid.y;
+
+// xk, xv: [N, D] new keys / values (any float dtype); R: [D, D] float32 rotation (y = x R); bk, bv: the codebook
+// boundaries [2^KBITS - 1], [2^VBITS - 1] float32 (ascending). Threadgroup: D threads on token vq_group_x of side
+// vq_group_y. Out kc: [N, ceil(D*KBITS/32)] uint32 packed codes, kn: [N, 1] fp16 norms; vc, vn likewise.
+constexpr int KW = (D * KBITS + 31) / 32, VW = (D * VBITS + 31) / 32;
+VQ_SHARED float xs[D], red[D / 32];
+VQ_SHARED uint codes[D];
+const int tok = vq_group_x, side = vq_group_y, d = vq_tid;
+const float x = vq_float(side ? xv[(long)tok * D + d] : xk[(long)tok * D + d]);
+const float ss = vq_simd_sum(x * x);
+if (vq_lane == 0) red[vq_warp] = ss;
+xs[d] = x;
+vq_barrier();
+float nrm2 = 0.0f;
+for (int w = 0; w < D / 32; w++) nrm2 += red[w];
+const float nrm = sqrt(nrm2), inv = 1.0f / fmax(nrm, 1e-30f);
+float y = 0.0f;
+for (int i = 0; i < D; i++) y += (xs[i] * inv) * R[i * D + d];
+uint c = 0u;
+if (side) { for (int i = 0; i < (1 << VBITS) - 1; i++) c += y > bv[i] ? 1u : 0u; }
+else      { for (int i = 0; i < (1 << KBITS) - 1; i++) c += y > bk[i] ? 1u : 0u; }
+codes[d] = c;
+if (d == 0) { if (side) vn[tok] = vq_cast(vq_half, nrm); else kn[tok] = vq_cast(vq_half, nrm); }
+vq_barrier();
+if (side) {
+  for (int w = vq_tid; w < VW; w += D) {   // packed word w of the LSB-first bit stream of D codes of VBITS bits
+    uint word = 0u;
+    const int b0 = w * 32, i0 = b0 / VBITS, i1 = min(D, (b0 + 32 + VBITS - 1) / VBITS);
+    for (int i = i0; i < i1; i++) { const int sh = i * VBITS - b0; word |= sh >= 0 ? (codes[i] << sh) : (codes[i] >> (-sh)); }
+    vc[(long)tok * VW + w] = word;
+  }
+} else {
+  for (int w = vq_tid; w < KW; w += D) {   // packed word w of the LSB-first bit stream of D codes of KBITS bits
+    uint word = 0u;
+    const int b0 = w * 32, i0 = b0 / KBITS, i1 = min(D, (b0 + 32 + KBITS - 1) / KBITS);
+    for (int i = i0; i < i1; i++) { const int sh = i * KBITS - b0; word |= sh >= 0 ? (codes[i] << sh) : (codes[i] >> (-sh)); }
+    kc[(long)tok * KW + w] = word;
+  }
+}
