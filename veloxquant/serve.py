@@ -99,7 +99,8 @@ def serve_main(argv: list[str]) -> None:
     import mlx_lm.server as srv
     p = argparse.ArgumentParser(add_help=False); p.add_argument("--method", default="affine:key_bits=4,value_bits=4")
     ns, rest = p.parse_known_args(argv)
-    if "-h" in rest or "--help" in rest: print(SERVE_HELP.format(methods=", ".join(method_ids())))
+    wants_help = "-h" in rest or "--help" in rest
+    if wants_help: print(SERVE_HELP.format(methods=", ".join(method_ids())))
     from veloxquant.cli import parse_method
     try:
         config = parse_method(ns.method)
@@ -109,7 +110,7 @@ def serve_main(argv: list[str]) -> None:
     if bad:
         print(f"veloxquant serve: error: {bad[0].split('=')[0]} is mlx-lm's own KV quantization (it turns batching off); "
               "choose the cache with --method instead", file=sys.stderr); sys.exit(2)
-    if "--model" not in rest and not any(a.startswith("--model=") for a in rest):
+    if not wants_help and "--model" not in rest and not any(a.startswith("--model=") for a in rest):
         from veloxquant.models import default_model_path
         rest = ["--model", str(default_model_path())] + rest
     stats = ServeStats(config)
