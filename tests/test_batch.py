@@ -35,10 +35,11 @@ def sharp_model():
     vq.decompress(model)
 
 
-def one_by_one(model, prompt, n):
+def one_by_one(model, prompt, n, prefill_step_size=2048):
     "Greedy tokens and their log-probabilities from mlx-lm's own single-sequence `generate_step`."
     toks, lps = [], []
-    for (t, lp), _ in zip(generate_step(mx.array(prompt), model, max_tokens=n, prompt_cache=model.make_cache()), range(n)):
+    for (t, lp), _ in zip(generate_step(mx.array(prompt), model, max_tokens=n, prompt_cache=model.make_cache(),
+                                        prefill_step_size=prefill_step_size), range(n)):
         toks.append(int(t)); lps.append(float(lp[t]))
     return toks, lps
 
@@ -70,14 +71,16 @@ def test_fp16_batch_is_stock_mlx_lm(sharp_model):
 @pytest.mark.parametrize("spec", SPECS)
 def test_batch_equals_one_by_one(sharp_model, spec):
     """Tokens of BatchGenerator (prompts of 37/5/70/18 tokens, different max_tokens so rows leave at different
-    steps; all at once, and with continuous batching: 2 prompts per prefill, 3 decoding rows) equal one-by-one
-    generation with the same method. Log-probabilities agree to float32 reduction order only: padded rows
+    steps; all at once, with continuous batching: 2 prompts per prefill, 3 decoding rows, and with 16-token
+    prefill chunks, so later chunks attend over compressed history while rows are split off) equal one-by-one
+    generation with the same method and chunking. Log-probabilities agree to float32 reduction order only: padded rows
     reduce over more (masked) positions and blockwise softmax blocks start at other tokens, so bitwise
     equality of logits is not possible; tokens (greedy) are."""
     vq.compress(sharp_model, parse_method(spec))
     n = [12, 7, 12, 3]
-    ref = [one_by_one(sharp_model, p, k) for p, k in zip(PROMPTS, n)]
-    for kw in ({}, dict(prefill_batch_size=2, completion_batch_size=3)):
+    refs = {step: [one_by_one(sharp_model, p, k, step) for p, k in zip(PROMPTS, n)] for step in (2048, 16)}
+    for kw in ({}, dict(prefill_batch_size=2, completion_batch_size=3), dict(prefill_step_size=16, prefill_batch_size=3)):
+        ref = refs[kw.get("prefill_step_size", 2048)]
         toks, lps, caches = batched(sharp_model, PROMPTS, n, **kw)
         assert toks == [r[0] for r in ref], (spec, kw)
         np.testing.assert_allclose(np.concatenate(lps), np.concatenate([r[1] for r in ref]), atol=2e-3)
