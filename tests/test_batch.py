@@ -35,10 +35,11 @@ def sharp_model():
     vq.decompress(model)
 
 
-def one_by_one(model, prompt, n):
+def one_by_one(model, prompt, n, prefill_step_size=2048):
     "Greedy tokens and their log-probabilities from mlx-lm's own single-sequence `generate_step`."
     toks, lps = [], []
-    for (t, lp), _ in zip(generate_step(mx.array(prompt), model, max_tokens=n, prompt_cache=model.make_cache()), range(n)):
+    for (t, lp), _ in zip(generate_step(mx.array(prompt), model, max_tokens=n, prompt_cache=model.make_cache(),
+                                        prefill_step_size=prefill_step_size), range(n)):
         toks.append(int(t)); lps.append(float(lp[t]))
     return toks, lps
 
@@ -70,14 +71,16 @@ def test_fp16_batch_is_stock_mlx_lm(sharp_model):
 @pytest.mark.parametrize("spec", SPECS)
 def test_batch_equals_one_by_one(sharp_model, spec):
     """Tokens of BatchGenerator (prompts of 37/5/70/18 tokens, different max_tokens so rows leave at different
-    steps; all at once, and with continuous batching: 2 prompts per prefill, 3 decoding rows) equal one-by-one
-    generation with the same method. Log-probabilities agree to float32 reduction order only: padded rows
+    steps; all at once, with continuous batching: 2 prompts per prefill, 3 decoding rows, and with 16-token
+    prefill chunks, so later chunks attend over compressed history while rows are split off) equal one-by-one
+    generation with the same method and chunking. Log-probabilities agree to float32 reduction order only: padded rows
     reduce over more (masked) positions and blockwise softmax blocks start at other tokens, so bitwise
     equality of logits is not possible; tokens (greedy) are."""
     vq.compress(sharp_model, parse_method(spec))
     n = [12, 7, 12, 3]
-    ref = [one_by_one(sharp_model, p, k) for p, k in zip(PROMPTS, n)]
-    for kw in ({}, dict(prefill_batch_size=2, completion_batch_size=3)):
+    refs = {step: [one_by_one(sharp_model, p, k, step) for p, k in zip(PROMPTS, n)] for step in (2048, 16)}
+    for kw in ({}, dict(prefill_batch_size=2, completion_batch_size=3), dict(prefill_step_size=16, prefill_batch_size=3)):
+        ref = refs[kw.get("prefill_step_size", 2048)]
         toks, lps, caches = batched(sharp_model, PROMPTS, n, **kw)
         assert toks == [r[0] for r in ref], (spec, kw)
         np.testing.assert_allclose(np.concatenate(lps), np.concatenate([r[1] for r in ref]), atol=2e-3)
@@ -227,3 +230,71 @@ def test_real_model_batch_generate(real):
         assert rep["compression_ratio"] > 1.5  # the returned caches are compressed (8-bit codes vs 16-bit)
     finally:
         vq.decompress(model)
+
+
+# ------------------------------------------------------------------ property test of the batch contract
+from hypothesis import given, settings, strategies as st
+
+
+def _single(cfg, n, seed):
+    "A per-sequence cache of `cfg` holding n random tokens (keys/values [1, 2, n, 64], float32), flushed."
+    c = cfg.make_cache()
+    if n:
+        k = mx.random.normal((1, 2, n, 64), key=mx.random.key(seed)); v = mx.random.normal((1, 2, n, 64), key=mx.random.key(seed + 1))
+        c.update_and_fetch(k, v); c._flush()
+    return c
+
+
+def _held(c):
+    "(offset, codes per name, fp16 window) of a per-sequence cache, empty parts as None."
+    n = c.k_store.length
+    codes = {f"{s}/{k}": a for s in ("k", "v") for k, a in getattr(c, f"{s}_store").slice(0, n).items()} if n else {}
+    return c.offset, codes, c.k_exact, c.v_exact
+
+
+def _check_rows(b, singles):
+    assert b.offset.tolist() == [s.offset for s in singles]
+    for i, s in enumerate(singles):
+        o1, c1, k1, v1 = _held(b.extract(i)); o2, c2, k2, v2 = _held(s)
+        assert o1 == o2 and c1.keys() == c2.keys()
+        assert all(mx.array_equal(c1[k], c2[k]).item() for k in c1)
+        for x, y in ((k1, k2), (v1, v2)):
+            assert (x is None or x.shape[2] == 0) == (y is None or y.shape[2] == 0)
+            if x is not None and y is not None: assert mx.array_equal(x, y).item()
+
+
+@settings(max_examples=25, deadline=None)
+@given(spec=st.sampled_from(["affine:key_bits=4,value_bits=4", "affine:key_bits=3,value_bits=4,window=3", "turboquant:window=5",
+                             "q4_0", "qjl", "fp16:reference=True"]),
+       first=st.lists(st.integers(0, 30), min_size=1, max_size=4), second=st.lists(st.integers(0, 30), min_size=1, max_size=3),
+       steps=st.integers(0, 3), data=st.data())
+def test_batch_contract_property(spec, first, second, steps, data):
+    """Random merge → decode steps → filter → extend → trim → state round trip: every row always holds
+    exactly the codes and window of the same sequence run alone, and batched attention outputs equal the
+    single-sequence ones."""
+    cfg = parse_method(spec)
+    singles = [_single(cfg, n, 10 * i) for i, n in enumerate(first)]
+    b = merge_caches(singles)
+    if max(first) == 0: singles[0]._ensure_codecs(64, 64)
+    _check_rows(b, singles)
+    for t in range(steps):  # decode steps with padding masks
+        B = len(singles)
+        q = mx.random.normal((B, 4, 1, 64), key=mx.random.key(100 + t)); k = mx.random.normal((B, 2, 1, 64), key=mx.random.key(200 + t))
+        v = mx.random.normal((B, 2, 1, 64), key=mx.random.key(300 + t))
+        mask = b.make_mask(1); b.update_and_fetch(k, v); out = b.attend(q, k, v, 0.125, mask)
+        for i, s in enumerate(singles):
+            s.update_and_fetch(k[i:i + 1], v[i:i + 1]); ref = s.attend(q[i:i + 1], k[i:i + 1], v[i:i + 1], 0.125, None)
+            np.testing.assert_allclose(np.array(out[i:i + 1]), np.array(ref), atol=2e-5, rtol=1e-4)
+        _check_rows(b, singles)
+    keep = data.draw(st.lists(st.integers(0, len(singles) - 1), min_size=1, max_size=len(singles), unique=True))
+    b.filter(keep); singles = [singles[i] for i in keep]
+    _check_rows(b, singles)
+    more = [_single(cfg, n, 1000 + 10 * i) for i, n in enumerate(second)]
+    b.extend(merge_caches(more)); singles += more
+    _check_rows(b, singles)
+    t = data.draw(st.integers(0, min(s.offset for s in singles)))
+    size = b.size(); assert b.trim(t) == t and b.size() == size - t
+    for s in singles: s.trim(t)
+    _check_rows(b, singles)
+    back = VQBatchCache.from_state(b.state)
+    _check_rows(back, singles)

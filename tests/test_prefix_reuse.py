@@ -107,3 +107,22 @@ def test_batch_generate_from_shared_prefix(sharp_model, spec, tmp_path):
                                            prompt_cache=copy.deepcopy(loaded)), range(10)):
             ref.append(int(t))
         assert got == ref, (spec, suffix)
+
+
+def test_load_in_a_fresh_process(sharp_model, tmp_path):
+    """A prompt-cache file (per-sequence fp16 / turboquant caches, and a batch cache) loads in a new process
+    after only `import veloxquant`: every cache class is registered with mlx-lm's load_prompt_cache."""
+    import subprocess, sys
+    files = []
+    for spec in ["fp16", "turboquant", "affine"]:
+        vq.compress(sharp_model, parse_method(spec))
+        c = sharp_model.make_cache(); feed(sharp_model, c, PREFIX)
+        f = str(tmp_path / f"{spec}.safetensors"); save_prompt_cache(f, c); files.append((f, c[0].offset))
+    from veloxquant.batch import merge_caches
+    other = sharp_model.make_cache(); feed(sharp_model, other, FIRST)
+    f = str(tmp_path / "batch.safetensors"); save_prompt_cache(f, [merge_caches([c[l], other[l]]) for l in range(2)])
+    code = ("import sys, veloxquant; from mlx_lm.models.cache import load_prompt_cache\n"
+            "for f in sys.argv[1:]: print(type(load_prompt_cache(f)[0]).__name__, load_prompt_cache(f)[0].size())")
+    out = subprocess.run([sys.executable, "-c", code, *[x[0] for x in files], f], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["FP16Cache", "45", "TurboQuantCache", "45", "VQCache", "45", "VQBatchCache", "45"]

@@ -9,3 +9,5 @@ from .core import KVCacheConfig, KVCacheBuilder, compress, decompress, cache_rep
 from .cache import VQCache, Codec
 from .attention import install, uninstall
 from . import models
+from . import batch
+for _m in method_ids(): get_method(_m)  # every cache class registered, so load_prompt_cache works in a fresh process

@@ -199,6 +199,9 @@ def main(argv=None):
     _maybe_reexec_with_openblas(argv)
     if argv and argv[0] == "generate": return generate_main(argv[1:])
     if argv and argv[0] == "benchmark": return benchmark_main(argv[1:])
+    if argv and argv[0] == "serve":
+        from veloxquant.serve import serve_main
+        return serve_main(argv[1:])
     p = argparse.ArgumentParser(prog="veloxquant", description="KV-cache compression for mlx-lm")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="fp16 vs a compressed cache on the default model and a real 2k-token prompt")
@@ -210,6 +213,7 @@ def main(argv=None):
     d.add_argument("--out", default=None, help="write the records as JSON here")
     sub.add_parser("generate", help="mlx_lm.generate's flags plus --method (see `veloxquant generate --help`)")
     sub.add_parser("benchmark", help="decode-attention kernels vs fp16 / mlx-lm on synthetic shapes (see `veloxquant benchmark --help`)")
+    sub.add_parser("serve", help="mlx-lm's OpenAI-compatible server with a compressed cache, continuous batching on (see `veloxquant serve --help`)")
     pc = sub.add_parser("precompute", help="compute the Lloyd-Max codebooks and save them as a checked safetensors artifact")
     pc.add_argument("--out", default=None, help="file to write (default: the codebook file in the cache directory)")
     e = sub.add_parser("eval", help="perplexity/KL/top-1 vs fp16, needle-in-a-haystack, attention fidelity, sizes and speed")
