@@ -76,10 +76,14 @@ def _mk_procs(lib_name: str):
             for k in ("outputs", "execution_count"): cell.pop(k, None)
 
     class quarto_options(Processor):
-        "Map Quarto's `#| echo/output/include: false` cell options onto myst-nb's remove-* tags."
+        """Map Quarto's `#| echo/output/include: false` cell options onto myst-nb's remove-* tags, and strip the
+        `#| key: value` lines nbdev leaves in the source for Quarto."""
         def cell(self, cell):
             d, tags = cell.directives_, []
             if cell.cell_type != "code" or not d: return
+            lines = cell.source.splitlines()
+            while lines and re.match(r"\s*#\|", lines[0]): lines.pop(0)
+            cell.source = "\n".join(lines)
             false = lambda k: str(d.get(k + ":", [""])[0]).lower() == "false"
             if false("include"): tags.append("remove-cell")
             if false("echo"): tags.append("remove-input")
@@ -181,10 +185,12 @@ def nav_cell(docnames: list[str]) -> dict:
     return {"cell_type": "markdown", "metadata": {}, "source": "\n\n".join(blocks)}
 
 
-def stage(src_dir: Path) -> list[str]:
-    "Write the processed notebooks, images and API pages into `src_dir`; returns the docnames written."
+def stage(src_dir: Path, nbs_path: Path | None = None) -> list[str]:
+    """Write the processed notebooks of `nbs_path` (default: settings.ini's), their images and the API pages into
+    `src_dir`; returns the docnames written (one per notebook, same relative path without `.ipynb`)."""
     cfg = _config()
-    nbs_path, lib_name, lib_path = cfg.config_path / cfg.nbs_path, cfg.lib_name, cfg.config_path / cfg.lib_path
+    lib_name, lib_path = cfg.lib_name, cfg.config_path / cfg.lib_path
+    nbs_path = Path(nbs_path or cfg.config_path / cfg.nbs_path)
     if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))  # autodoc / show_doc import this tree's package
     nbs = notebooks(nbs_path)
     rels = [p.relative_to(nbs_path) for p in nbs]
@@ -211,7 +217,8 @@ def stage(src_dir: Path) -> list[str]:
     return docnames
 
 
-def build(out: Path = ROOT / "_build" / "site", clean: bool = False, strict: bool = False, quiet: bool = True) -> Path:
+def build(out: Path = ROOT / "_build" / "site", clean: bool = False, strict: bool = False, quiet: bool = True,
+          nbs_path: Path | None = None) -> Path:
     "Build the site into `out` (HTML; `out/index.html` is the home page). Raises RuntimeError if Sphinx fails."
     from sphinx.cmd.build import build_main
     work = out.parent
@@ -219,7 +226,7 @@ def build(out: Path = ROOT / "_build" / "site", clean: bool = False, strict: boo
     if clean:
         for d in (src_dir, doctrees, out): shutil.rmtree(d, ignore_errors=True)
     t0 = time.perf_counter()
-    docnames = stage(src_dir)
+    docnames = stage(src_dir, nbs_path)
     t1 = time.perf_counter()
     args = ["-b", "html", "-c", str(DOCS), "-d", str(doctrees), str(src_dir), str(out)]
     if quiet: args.insert(0, "-q")
@@ -237,8 +244,9 @@ def main(argv=None):
     ap.add_argument("--clean", action="store_true", help="start from scratch (no incremental build)")
     ap.add_argument("--strict", action="store_true", help="turn Sphinx warnings into errors")
     ap.add_argument("--verbose", action="store_true", help="show Sphinx's progress output")
+    ap.add_argument("--nbs", type=Path, default=None, help="notebook folder (default: nbs_path of settings.ini)")
     a = ap.parse_args(argv)
-    try: build(a.out.resolve(), clean=a.clean, strict=a.strict, quiet=not a.verbose)
+    try: build(a.out.resolve(), clean=a.clean, strict=a.strict, quiet=not a.verbose, nbs_path=a.nbs)
     except (RuntimeError, ValueError) as e:
         print(f"docs build failed: {e}", file=sys.stderr)
         return 1

@@ -54,6 +54,61 @@ def _pages(site: Path) -> list[Path]:
     return sorted(site.rglob("*.html"))
 
 
+# ------------------------------------------------------------------ the notebook processing (no Sphinx)
+def _nb(*cells):
+    def cell(c):
+        if isinstance(c, str): return {"cell_type": "markdown", "metadata": {}, "source": c}
+        src, outs = c
+        return {"cell_type": "code", "metadata": {}, "source": src, "outputs": outs, "execution_count": None}
+    return {"cells": [cell(c) for c in cells], "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+            "language": "python"}}, "nbformat": 4, "nbformat_minor": 4}
+
+
+def test_staging_picks_up_any_notebook_and_processes_it(tmp_path):
+    "A notebook added to the folder (here a subfolder too) is staged with nbdev's processing and listed in the navigation."
+    import json
+    nbs = tmp_path / "nbs"
+    (nbs / "guides").mkdir(parents=True)
+    spec = {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "mark": "bar",
+            "data": {"values": [{"a": "x", "b": 3}, {"a": "y", "b": 5}]},
+            "encoding": {"x": {"field": "a", "type": "nominal"}, "y": {"field": "b", "type": "quantitative"}}}
+    stream = [{"output_type": "stream", "name": "stdout", "text": "hello\n"}]
+    chart = [{"output_type": "display_data", "metadata": {}, "data": {
+        "application/vnd.vegalite.v5+json": spec, "text/plain": "alt.Chart(...)",
+        "text/html": '<script src="https://cdn.jsdelivr.net/npm/vega@5"></script>'}}]
+    widget = [{"output_type": "display_data", "metadata": {}, "data": {
+        "application/vnd.jupyter.widget-view+json": {"model_id": "abc", "version_major": 2, "version_minor": 0},
+        "text/plain": "IntSlider(value=3)"}}]
+    (nbs / "index.ipynb").write_text(json.dumps(_nb("# Home\n\nThe README source.")))
+    (nbs / "10_new.ipynb").write_text(json.dumps(_nb(
+        "# new\n\n> a notebook no configuration mentions",
+        ("#| default_exp quant", []),
+        ("#| hide\nsecret = 1", []),
+        ("#| export\ndef fwht(x):\n    \"doc\"\n    return x", []),
+        ("#| echo: false\nprint('hello')", stream),
+        ("#| slow\nchart", chart),
+        ("slider", widget))))
+    (nbs / "guides" / "howto.ipynb").write_text(json.dumps(_nb("# How to", ("1 + 1", []))))
+    (nbs / "_private.ipynb").write_text(json.dumps(_nb("# skipped, as nbdev skips it")))
+    src = tmp_path / "src"
+    docnames = _docs_build().stage(src, nbs)
+    assert docnames == ["10_new", "guides/howto", "index"]
+    new = json.loads((src / "10_new.ipynb").read_text())
+    srcs = [c["source"] for c in new["cells"]]
+    assert not any("#|" in s or "secret" in s or "def fwht" in s for s in srcs), srcs  # directives, hide, export
+    assert "```{showdoc} veloxquant.quant.fwht\n```" in srcs  # show_doc of the exported function
+    echo = next(c for c in new["cells"] if c["source"] == "print('hello')")
+    assert echo["metadata"]["tags"] == ["remove-input"] and "".join(echo["outputs"][0]["text"]) == "hello\n"
+    data = next(c for c in new["cells"] if c["source"] == "chart")["outputs"][0]["data"]
+    assert set(data) == {"image/svg+xml", "text/plain"}, set(data)  # vega -> local SVG, CDN HTML dropped
+    assert "<svg" in data["image/svg+xml"] and "<rect" in data["image/svg+xml"]
+    assert set(next(c for c in new["cells"] if c["source"] == "slider")["outputs"][0]["data"]) == {"text/plain"}
+    nav = json.loads((src / "index.ipynb").read_text())["cells"][-1]["source"]
+    assert ":caption: Notebooks" in nav and "\n10_new\n" in nav and ":caption: Guides" in nav and "guides/howto" in nav
+    assert "api/index" in nav and (src / "api" / "veloxquant.quant.rst").is_file()
+    assert not (src / "_private.ipynb").exists()
+
+
 # ------------------------------------------------------------------ static checks of the built HTML
 class _Refs(html.parser.HTMLParser):
     "Every resource URL a page makes the browser fetch (script/link/img/iframe/source/... src, href, srcset)."
