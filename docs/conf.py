@@ -27,7 +27,6 @@ release = version = _cfg.version
 extensions = [
     "myst_nb",               # notebooks (.ipynb) and markdown, with their stored outputs
     "sphinx.ext.autodoc",    # API reference and show_doc from the exported docstrings
-    "sphinx.ext.napoleon",   # Google/NumPy sections, where a docstring uses them
     "sphinx.ext.viewcode",   # highlighted source pages of the generated modules, served locally
 ]
 root_doc = "index"
@@ -51,7 +50,9 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
 autodoc_default_options = {"undoc-members": False}
-default_role = "py:obj"  # docstrings write `name` (markdown style): rendered as code, linked when it is an API object
+# nbdev docstrings are markdown (nbdev's show_doc renders them so): autodoc hands each one to the `markdown-docstring`
+# directive below, which parses it with MyST (backticks are code, `|x|` is not a reST substitution, lists and links work).
+default_role = "py:obj"
 add_module_names = False
 
 html_theme = "furo"
@@ -132,6 +133,28 @@ class ShowDoc(SphinxDirective):
         return list(doc.children)
 
 
+class MarkdownDocstring(SphinxDirective):
+    "The content (one docstring, from autodoc) rendered as MyST markdown with the site's MyST settings."
+    has_content = True
+
+    def run(self):
+        from myst_parser.mdit_to_docutils.sphinx_ import SphinxRenderer
+        from myst_parser.parsers.mdit import create_md_parser
+        doc = new_document(self.state.document["source"], self.state.document.settings)
+        doc.reporter = self.state.document.reporter
+        parser = create_md_parser(self.env.myst_config, SphinxRenderer)
+        parser.options["document"] = doc
+        parser.render("\n".join(self.content))
+        return list(doc.children)
+
+
+def _markdown_docstring(app, what, name, obj, options, lines):
+    if any(l.strip() for l in lines):
+        lines[:] = [".. markdown-docstring::", ""] + [("   " + l) if l.strip() else "" for l in lines] + [""]
+
+
 def setup(app):
     app.add_html_math_renderer("mathml", (_visit_math, None), (_visit_displaymath, None))
     app.add_directive("showdoc", ShowDoc)
+    app.add_directive("markdown-docstring", MarkdownDocstring)
+    app.connect("autodoc-process-docstring", _markdown_docstring)
