@@ -8,7 +8,7 @@ Steps (no notebook is executed; `nbdev_test` runs them):
    folders starting with `_` or `.` skipped: the same set `nbdev_export`/`nbdev_test` use) is run through nbdev's
    own cell processors (`nbdev.processors`: `#|` directives stripped, `#| hide`/`export`/`default_exp` cells
    removed, `hide_line`, `filter_stream`, ANSI codes and magics cleaned, `show_doc` cells added after exported
-   definitions) plus the few steps below, and written to `_build/src/` under the same relative path;
+   definitions) plus the few steps below, and written to `_build/site.src/` under the same relative path;
 2. each `show_doc(name)` cell becomes a `showdoc` directive (docs/conf.py: autodoc of `veloxquant.<default_exp>.name`),
    so the notebook page shows the exported signature and docstring (the indexed entry is in the API reference);
 3. Quarto cell options nbdev users write (`#| echo: false`, `#| output: false`, `#| include: false`) become
@@ -16,12 +16,13 @@ Steps (no notebook is executed; `nbdev_test` runs them):
 4. Vega-Lite outputs without a static image get an SVG rendered locally with vl-convert (no CDN), and
    JavaScript / widget-view outputs (which would need a CDN or a live kernel) are dropped when a static
    fallback exists;
-5. `_build/src/api/<module>.md` (automodule, members from `__all__`) is written for every module of the package,
-   and the home page (from `index.ipynb`, the README source) gets the navigation toctrees;
-6. Sphinx (`docs/conf.py`: myst-nb with execution off, furo theme, math rendered to MathML at build time)
-   writes the HTML into `_build/site/`.
+5. `_build/site.src/api/<module>.rst` (automodule, members from `__all__`) is written for every module of the package,
+   and the home page (from `index.ipynb`, the README source) gets the navigation toctrees (one per notebook folder,
+   plus the API reference);
+6. Sphinx (`docs/conf.py`: myst-nb with execution off, furo theme, docstrings rendered as markdown like nbdev's
+   show_doc, math converted to MathML at build time) writes the HTML into `_build/site/`.
 
-Exit status: 0 on success, 1 when Sphinx reports an error (warnings are printed, not fatal, unless `--strict`).
+Exit status: 0 on success, 1 when the build fails (Sphinx warnings are printed, not fatal, unless `--strict`).
 """
 from __future__ import annotations
 
@@ -221,8 +222,11 @@ def build(out: Path = ROOT / "_build" / "site", clean: bool = False, strict: boo
           nbs_path: Path | None = None) -> Path:
     "Build the site into `out` (HTML; `out/index.html` is the home page). Raises RuntimeError if Sphinx fails."
     from sphinx.cmd.build import build_main
-    work = out.parent
-    src_dir, doctrees = work / "src", work / "doctrees"
+    out = Path(out).resolve()
+    # staged sources and Sphinx's pickled doctrees live beside `out`, named after it (never a folder of the user's)
+    src_dir, doctrees = out.with_name(out.name + ".src"), out.with_name(out.name + ".doctrees")
+    if out.is_dir() and any(out.iterdir()) and not (out / ".buildinfo").is_file():
+        raise ValueError(f"out={str(out)!r} is a non-empty folder that is not a Sphinx HTML build; pick another --out")
     if clean:
         for d in (src_dir, doctrees, out): shutil.rmtree(d, ignore_errors=True)
     t0 = time.perf_counter()
