@@ -3,7 +3,8 @@ localhost and opened page by page in Debian's headless Chromium (/usr/bin/chromi
 non-loopback request blocked and recorded.
 
 Every page must load with HTTP 200, log no console error or page error, make no external request, link only to pages
-and anchors that exist, and draw every chart (images, output SVGs, canvases) and formula with a non-zero size.
+and anchors that exist, and draw every chart (images, output SVGs, canvases) and formula with a non-zero size; the
+offline search must find a method page.
 
 The site is the one `.ci/run` built when `VELOXQUANT_DOCS_SITE` names it, else it is built here. Missing Chromium,
 playwright or docs dependencies FAIL these tests (they never skip): `.ci/run` installs them.
@@ -290,6 +291,11 @@ def test_every_page_in_chromium(site, server, browser):
         for m in info["maths"]:
             if not (m["w"] > 0 and m["h"] > 0): problems.append(f"{rel}: formula not drawn ({m})")
             if re.search(r"\\[A-Za-z]", m["text"]): problems.append(f"{rel}: TeX left unconverted in a formula: {m['text'][:80]!r}")
+    # the offline full-text search (searchindex.js) finds a method's page
+    page.goto(server + "search.html?q=Hadamard", wait_until="load")
+    page.wait_for_selector("ul.search li", timeout=30_000)
+    hits = page.eval_on_selector_all("ul.search li a", "els => els.map(a => a.getAttribute('href'))")
+    if not any(h.startswith("methods/") for h in hits): problems.append(f"search for 'Hadamard' found no method page: {hits}")
     ctx.close()
     base = urlsplit(server)
     for src, h in sorted(links):
