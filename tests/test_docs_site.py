@@ -186,7 +186,7 @@ def test_notebook_pages_show_their_stored_outputs_and_api(site):
             assert "<math" in page, f"{nb.name}: display math was not rendered to MathML"
         assert "mathjax" not in page.lower().replace("mathjax_ignore", "").replace("tex2jax_ignore", ""), nb.name
         exported = any(c["cell_type"] == "code" and "".join(c["source"]).lstrip().startswith("#| export")
-                       and ("def " in "".join(c["source"]) or "class " in "".join(c["source"])) for c in raw["cells"])
+                       and re.search(r"^(async def|def|class) ", "".join(c["source"]), re.M) for c in raw["cells"])
         if exported: assert 'class="sig sig-object py"' in page, f"{nb.name}: exported definitions have no show_doc entry"
         # an nbdev directive left in a code cell is highlighted as a Python comment: `<span class="c1">#| ...`
         assert '<span class="c1">#|' not in page, f"{nb.name}: an nbdev `#|` directive leaked into a code cell"
