@@ -338,7 +338,8 @@ def evaluate(model, tokenizer, configs: list[KVCacheConfig], tasks=TASKS, contex
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=units, desc="veloxquant eval", unit="step")
-    tokens = eval_tokens(tokenizer, context) if decode else None
+    from veloxquant.models import with_bos
+    tokens = with_bos(tokenizer, eval_tokens(tokenizer, context)) if decode else None  # <bos> first where the model needs it
     probe = attn_probe if "attn" in tasks else 0
     ref = None
     if decode:
