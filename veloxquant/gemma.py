@@ -103,7 +103,11 @@ def gemma_tokenizer(meta: dict):
     """A `tokenizers.Tokenizer` for a Gemma-3 GGUF: `transformers`' GGUF tokenizer converter (vocabulary,
     merges rebuilt in file order, control tokens as specials) plus a `<bos> $A` post-processor."""
     from tokenizers import processors
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+    try: from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+    except ImportError as e:
+        import transformers
+        raise RuntimeError(f"transformers {transformers.__version__} has no GGUF tokenizer converter for Gemma-3 "
+                           "(transformers.integrations.gguf, transformers >= 5); upgrade transformers") from e
     td = {name: meta[f"tokenizer.{key}"] for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items() if f"tokenizer.{key}" in meta}
     tok, _ = convert_gguf_tokenizer("gemma3", td)
     bos = meta["tokenizer.ggml.tokens"][int(meta["tokenizer.ggml.bos_token_id"])]
@@ -127,8 +131,11 @@ def convert_gguf_gemma3(gguf_path: Path, out: Path, dtype: str = "float32", prog
     Q6_K, Q8_0, ...) into an mlx-lm `gemma3_text` model folder `out` (config.json,
     model.safetensors, tokenizer files). Weights are dequantized to float32, RMSNorm weights shifted
     by −1 (llama.cpp stores `1 + w`) and stored as `dtype` ("float32", "float16" or "bfloat16").
-    Raises `ValueError` for another architecture."""
-    import gguf
+    Raises `ValueError` for another architecture, `RuntimeError` without the `gguf` package."""
+    try: import gguf
+    except ImportError as e:
+        raise RuntimeError("converting Gemma's GGUF needs the `gguf` package (llama.cpp's reader and dequantizer): "
+                           "pip install gguf   (it is in veloxquant's `dev` extra)") from e
     from tqdm.auto import tqdm
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     reader = gguf.GGUFReader(str(gguf_path))
