@@ -149,3 +149,15 @@ def test_for_model_maps_cache_types():
     assert type(equivalent_cache(KVCache(), AFFINE)) is type(AFFINE.make_cache())
     with pytest.raises(ValueError, match="'mamba' builds caches of type ArraysCache"):
         equivalent_cache(ArraysCache(2), AFFINE, "mamba")
+
+
+def test_attention_probe_skips_windowed_layers():
+    "The evaluation harness's attention probe compares against full causal attention: windowed layers are left out."
+    import sys, os
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_architectures import build
+    from veloxquant.eval import decode_run
+    model = build("gemma3_text")  # layer 0 sliding (window 16), layer 1 global
+    run = decode_run(model, AFFINE, [(7 * i + 3) % 100 for i in range(40)], n_scored=4, attn_probe=2)
+    assert [r["layer"] for r in run["attn"]] == [1]
+    assert all(0 <= r["out_rel_err"] < 1 for r in run["attn"])

