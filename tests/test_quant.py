@@ -206,7 +206,7 @@ def test_turboquant_sizes_are_honest(tiny_model, bits, expect):
 
 
 def test_turboquant_center_state_and_size(tiny_model):
-    cfg = vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, center=True)
+    cfg = vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, center=True, sinks=4)
     caches = vq.KVCacheBuilder.for_model(tiny_model, cfg)
     feed(tiny_model, caches, [i % 128 for i in range(512)], (512,))
     c = caches[0]
@@ -238,12 +238,24 @@ def test_turboquant_prod_unbiased_and_sizes(tiny_model):
 
 
 def test_turboquant_tampered_state_refused(tiny_model):
-    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3))
+    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, center=True))
     feed(tiny_model, caches, list(range(20)), (20,))
     st_ = dict(caches[0].state)
     bad = dict(st_, config=vq.KVCacheConfig("turboquant", key_bits=2, value_bits=3).to_json())
     with pytest.raises(ValueError, match="do not match method 'turboquant'"):
         type(caches[0]).from_state(bad)
     ok = type(caches[0]).from_state(st_)
-    # the saved mean key (center=True by default), never one left by the layout probe; values are not centered
+    # the saved mean key, never one left by the layout probe; values are not centered
     assert ok.offset == 20 and mx.array_equal(ok.k_codec.mu, st_["k_mu"]).item() and ok.v_codec.mu is None
+
+
+@pytest.mark.parametrize("b", [1.5, 2.5, 3.5])
+def test_turboquant_fractional_bits_mix_the_two_widths(b):
+    "A fractional width splits the rotated coordinates: its distortion is the channel-weighted mix of ⌊b⌋ and ⌈b⌉ bits."
+    from veloxquant.methods.turboquant import TurboQuantCodec
+    mx.random.seed(2)
+    u = mx.random.normal((4096, 64)); u = u / mx.linalg.norm(u, axis=-1, keepdims=True)
+    D = lambda bits: ((lambda cd: ((cd.decode(cd.encode(u[None, None]))[0, 0] - u) ** 2).sum(-1).mean().item())(TurboQuantCodec(64, bits)))
+    lo, hi, mid = D(int(b)), D(int(b) + 1), D(b)
+    assert hi < mid < lo and mid == pytest.approx((lo + hi) / 2, rel=0.05), (lo, mid, hi)
+    assert 4.0 ** -b < mid < math.sqrt(3) * math.pi / 2 * 4.0 ** -b

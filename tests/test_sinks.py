@@ -64,7 +64,7 @@ def test_every_method_has_sinks(tiny_model, method):
 
 def test_sinks_trim_below_and_continue(tiny_model):
     "Trimming into the sink tokens and continuing equals feeding the kept prefix afresh."
-    cfg = KVCacheConfig("turboquant", key_bits=3, value_bits=3, sinks=6, window=2)
+    cfg = KVCacheConfig("turboquant", key_bits=3, value_bits=3, sinks=6, window=2, center=True)
     toks = list(range(10, 60))
     a = KVCacheBuilder.for_model(tiny_model, cfg)
     feed(tiny_model, a, toks[:20], (4, 16))  # the first 4 in their own step, as in `b`

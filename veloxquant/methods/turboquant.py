@@ -30,10 +30,10 @@ def check_bits(field: str, value) -> None:
 class TurboQuantConfig(MethodConfig):
     """Options of `turboquant`: `key_bits`, `value_bits` in {1, 1.5, 2, 2.5, 3, 3.5, 4} (average bits
     per coordinate, norms not counted); `window` ≥ 0 most recent tokens kept in fp16; `sinks` ≥ 0
-    first tokens of the sequence kept in fp16 (attention sinks, default 4, see `VQCache`); `seed` of the
+    first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the
     rotation; `rotation` 'hadamard' (randomized Hadamard) or 'orthogonal' (Haar); `codebook` 'sphere'
     (Lloyd–Max for the exact coordinate density of a random unit vector) or 'gaussian' (N(0, 1/d));
-    `center=True` (default) subtracts a per-head mean key (from the first chunk encoded, sinks
+    `center=True` subtracts a per-head mean key (from the first chunk encoded, sinks
     excluded) before quantizing keys and adds its exact contribution back in attention (`q·μ` is the
     same for every key, so the softmax cannot see it; values are not centered);
     `variant` 'mse' (default) or 'prod' (keys: `key_bits − 1` bits MSE + 1-bit QJL sketch of the
@@ -41,11 +41,11 @@ class TurboQuantConfig(MethodConfig):
     key_bits: float = 3
     value_bits: float = 3
     window: int = 0
-    sinks: int = 4
+    sinks: int = 0
     seed: int = 0
     rotation: str = "hadamard"
     codebook: str = "sphere"
-    center: bool = True
+    center: bool = False
     variant: str = "mse"
     def validate(self):
         check_bits("key_bits", self.key_bits); check_bits("value_bits", self.value_bits)
