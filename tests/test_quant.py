@@ -194,7 +194,8 @@ def test_turboquant_close_to_fp16_and_ordered(tiny_model):
 
 @pytest.mark.parametrize("bits, expect", [(3, 3 + 16 / 64), (2.5, 2.5 + 16 / 64), (4, 4 + 16 / 64), (1.5, 1.5 + 16 / 64)])
 def test_turboquant_sizes_are_honest(tiny_model, bits, expect):
-    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=bits, value_bits=bits))
+    cfg = vq.KVCacheConfig("turboquant", key_bits=bits, value_bits=bits, sinks=0, center=False)  # codes + norms only
+    caches = vq.KVCacheBuilder.for_model(tiny_model, cfg)
     feed(tiny_model, caches, [i % 128 for i in range(512)], (512,))
     rep = vq.cache_report(caches)
     assert rep["elements"] == 2 * 2 * 512 * 128  # layers x heads x tokens x (Dk + Dv)
@@ -205,14 +206,15 @@ def test_turboquant_sizes_are_honest(tiny_model, bits, expect):
 
 
 def test_turboquant_center_state_and_size(tiny_model):
-    cfg = vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, center=True)
+    cfg = vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, center=True, sinks=4)
     caches = vq.KVCacheBuilder.for_model(tiny_model, cfg)
     feed(tiny_model, caches, [i % 128 for i in range(512)], (512,))
     c = caches[0]
-    assert c.k_codec.mu.shape == (1, 2, 1, 64) and "k_mu" in c.state and "v_mu" in c.state
+    assert c.k_codec.mu.shape == (1, 2, 1, 64) and "k_mu" in c.state and "v_mu" not in c.state  # keys only
     rep = vq.cache_report(caches)
     codes = sum(a.nbytes for c in caches for s in (c.k_store, c.v_store) for a in s.arrays.values())
-    assert rep["nbytes"] == codes + 2 * 2 * (2 * 64 * 4)  # + fp32 mean per layer, side and head
+    sinks = 2 * 2 * (2 * 4 * 64 * 2)  # layers x (k, v) x 2 heads x 4 tokens x 64 x fp16
+    assert rep["nbytes"] == codes + sinks + 2 * (2 * 64 * 4)  # + fp32 mean key per layer and head
 
 
 def test_turboquant_prod_unbiased_and_sizes(tiny_model):
@@ -228,18 +230,32 @@ def test_turboquant_prod_unbiased_and_sizes(tiny_model):
         errs.append(mx.diagonal(s) - rho)
     e = mx.concatenate(errs)
     assert abs(e.mean().item()) < 4 * e.std().item() / math.sqrt(e.size)
-    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, variant="prod"))
+    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, variant="prod",
+                                                                        sinks=0, center=False))
     feed(tiny_model, caches, [i % 128 for i in range(512)], (512,))
     # keys: 2-bit MSE codes + fp16 norm + 64 sign bits + fp16 gamma; values: 3-bit codes + fp16 norm
     assert vq.cache_report(caches)["bits_per_element"] == pytest.approx(((2 * 64 + 16 + 64 + 16) + (3 * 64 + 16)) / 128)
 
 
 def test_turboquant_tampered_state_refused(tiny_model):
-    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3))
+    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, center=True))
     feed(tiny_model, caches, list(range(20)), (20,))
     st_ = dict(caches[0].state)
     bad = dict(st_, config=vq.KVCacheConfig("turboquant", key_bits=2, value_bits=3).to_json())
     with pytest.raises(ValueError, match="do not match method 'turboquant'"):
         type(caches[0]).from_state(bad)
     ok = type(caches[0]).from_state(st_)
-    assert ok.offset == 20 and ok.k_codec.mu is None
+    # the saved mean key, never one left by the layout probe; values are not centered
+    assert ok.offset == 20 and mx.array_equal(ok.k_codec.mu, st_["k_mu"]).item() and ok.v_codec.mu is None
+
+
+@pytest.mark.parametrize("b", [1.5, 2.5, 3.5])
+def test_turboquant_fractional_bits_mix_the_two_widths(b):
+    "A fractional width splits the rotated coordinates: its distortion is the channel-weighted mix of ⌊b⌋ and ⌈b⌉ bits."
+    from veloxquant.methods.turboquant import TurboQuantCodec
+    mx.random.seed(2)
+    u = mx.random.normal((4096, 64)); u = u / mx.linalg.norm(u, axis=-1, keepdims=True)
+    D = lambda bits: ((lambda cd: ((cd.decode(cd.encode(u[None, None]))[0, 0] - u) ** 2).sum(-1).mean().item())(TurboQuantCodec(64, bits)))
+    lo, hi, mid = D(int(b)), D(int(b) + 1), D(b)
+    assert hi < mid < lo and mid == pytest.approx((lo + hi) / 2, rel=0.05), (lo, mid, hi)
+    assert 4.0 ** -b < mid < math.sqrt(3) * math.pi / 2 * 4.0 ** -b

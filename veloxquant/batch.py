@@ -38,6 +38,9 @@ def _check_batchable(c) -> None:
     for name in ("update_and_fetch", "attend", "_flush", "_blocks"):
         if getattr(type(c), name) is not getattr(VQCache, name):
             raise ValueError(f"{type(c).__name__} ({c.config.method}) overrides VQCache.{name}; it has no batch cache")
+    if getattr(c, "sinks", 0):
+        raise ValueError(f"method {c.config.method!r} with sinks={c.sinks}: sink tokens are not supported in a batch cache yet "
+                         "(use sinks=0 for batch generation and the server)")
     for codec in (c.k_codec, c.v_codec):
         if codec is not None and (codec.token_group != 1 or codec.sequence_state):
             raise ValueError(f"method {c.config.method!r} with {c.config.options} encodes tokens in groups or keeps per-sequence "

@@ -78,7 +78,9 @@ class VQCache(_BaseCache):
 
     Built by a method's factory with its `KVCacheConfig` and the key/value codec factory
     `make_codecs(head_dim_k, head_dim_v) -> (key_codec, value_codec)`, created lazily on the first
-    `update_and_fetch` (head dims are known only then). `window` most recent tokens stay in fp16.
+    `update_and_fetch` (head dims are known only then). `window` most recent tokens stay in fp16;
+    so do the first `sinks` tokens of the sequence (attention sinks: StreamingLLM, Xiao et al. 2023,
+    arXiv 2309.17453 §3; KVQuant, Hooper et al. 2024, arXiv 2401.18079 §3.5), never encoded.
     `fused_decode(head_dim_k, head_dim_v)`, if given, returns a function `(queries, k_arrays, v_arrays,
     n, exact_keys, exact_values, scale, sinks) -> output` that computes a decode step's attention
     with fused kernels (see `veloxquant.kernels`), or None where it does not apply.
@@ -87,9 +89,11 @@ class VQCache(_BaseCache):
     Keys/values arrive as [B, n_kv_heads, T, head_dim] (keys after RoPE)."""
     block_size = None  # tokens per history block; None: `block_tokens` (adapts to the number of queries)
 
-    def __init__(self, config: KVCacheConfig, make_codecs, window: int = 0, fused_decode=None, fused_encode=None):
-        check_int("window", window, 0)
-        self.config, self._make_codecs, self.window = config, make_codecs, window
+    def __init__(self, config: KVCacheConfig, make_codecs, window: int = 0, fused_decode=None, fused_encode=None,
+                 sinks: int = 0):
+        check_int("window", window, 0); check_int("sinks", sinks, 0)
+        self.config, self._make_codecs, self.window, self.sinks = config, make_codecs, window, sinks
+        self.k_sink = self.v_sink = None   # fp16 first `sinks` tokens [B, H, s, D]
         self.fused_decode = fused_decode  # optional (head_dim_k, head_dim_v) -> fused decode attention or None
         self.fused_encode = fused_encode  # optional (key_codec, value_codec) -> fused (keys, values) encoder or None
         self.offset, self.dims = 0, None
@@ -134,6 +138,7 @@ class VQCache(_BaseCache):
                 raise ValueError(f"{name} dtype must be floating (float16, bfloat16 or float32), got {a.dtype}")
         ref = self.pending[0] if self.pending is not None else self.k_exact
         if ref is None and self.k_store.arrays: ref = next(iter(self.k_store.arrays.values()))
+        if ref is None: ref = self.k_sink
         if ref is not None and tuple(ref.shape[:2]) != tuple(keys.shape[:2]):
             raise ValueError(f"batch size / n_kv_heads changed within one cache: stored {tuple(ref.shape[:2])}, "
                              f"update {tuple(keys.shape[:2])}")
@@ -141,6 +146,13 @@ class VQCache(_BaseCache):
     def _flush(self):
         "Move the pending tokens into the fp16 window, and what overflows the window into the codes."
         k, v = self.pending; self.pending = None
+        take = max(0, min(k.shape[2], self.sinks - (self.offset - k.shape[2]))) if self.sinks else 0  # pending tokens at positions < sinks
+        if take:
+            ks, vs = k[:, :, :take].astype(mx.float16), v[:, :, :take].astype(mx.float16)
+            self.k_sink = ks if self.k_sink is None else mx.concatenate([self.k_sink, ks], axis=2)
+            self.v_sink = vs if self.v_sink is None else mx.concatenate([self.v_sink, vs], axis=2)
+            k, v = k[:, :, take:], v[:, :, take:]
+            if k.shape[2] == 0: return
         if self.k_exact is not None:  # the codec sees pending tokens at full precision, window tokens as stored
             k = mx.concatenate([self.k_exact.astype(k.dtype), k], axis=2)
             v = mx.concatenate([self.v_exact.astype(v.dtype), v], axis=2)
@@ -162,17 +174,24 @@ class VQCache(_BaseCache):
         if self.k_exact is not None:
             ek = mx.concatenate([self.k_exact.astype(keys.dtype), keys], axis=2)
             ev = mx.concatenate([self.v_exact.astype(values.dtype), values], axis=2)
+        sk = None if self.k_sink is None else (self.k_sink.astype(keys.dtype), self.v_sink.astype(values.dtype))
         if self.k_store.length == 0:  # nothing compressed yet (first prefill chunk): all keys are exact
+            if sk: ek, ev = mx.concatenate([sk[0], ek], axis=2), mx.concatenate([sk[1], ev], axis=2)
             out = mx.fast.scaled_dot_product_attention(queries, ek.astype(queries.dtype), ev.astype(queries.dtype),
                                                        scale=scale, mask=mask, sinks=sinks)
         else:
             n = self.k_store.length
             fused = self.fused_decode(*self.dims) if self.fused_decode is not None else None
             if fused is not None and queries.shape[2] == 1 and (mask is None or isinstance(mask, str)):
+                if sk:  # one unmasked query: the order of the exact keys does not matter
+                    ek, ev = mx.concatenate([sk[0], ek], axis=2), mx.concatenate([sk[1], ev], axis=2)
                 out = fused(queries, self.k_store.arrays, self.v_store.arrays, n, ek, ev, scale, sinks)
             else:
                 blocks = self._blocks(self.block_size or block_tokens(queries.shape[2], queries.shape[1]))
-                out = blockwise_attention(queries, n, blocks, ek, ev, scale, mask, sinks)
+                if sk:  # the sink tokens come first in position order: one exact block before the codes
+                    from veloxquant.attention import dense_blocks
+                    blocks = (b for part in (dense_blocks(*sk, sk[0].shape[2]), blocks) for b in part)
+                out = blockwise_attention(queries, self.n_sink + n, blocks, ek, ev, scale, mask, sinks)
         if self.pending is not None: self._flush()
         return out
 
@@ -182,6 +201,11 @@ class VQCache(_BaseCache):
             e = min(n, s + bs)
             yield (lambda q, s=s, e=e: self.k_codec.scores(q, self.k_store.slice(s, e)),
                    lambda p, s=s, e=e: self.v_codec.mix(p, self.v_store.slice(s, e)), e - s)
+
+    @property
+    def n_sink(self) -> int:
+        "Number of sink tokens held exactly (≤ `sinks`)."
+        return 0 if self.k_sink is None else self.k_sink.shape[2]
 
     def make_mask(self, *args, **kwargs):
         return create_attention_mask(*args, offset=self.offset, **kwargs)
@@ -204,30 +228,33 @@ class VQCache(_BaseCache):
         return merge_caches(caches)
 
     def trim(self, n: int) -> int:
-        "Drop the last `n` tokens (exact window first, then codes); returns the number dropped."
+        "Drop the last `n` tokens (exact window first, then codes, then sink tokens); returns the number dropped."
         if self.pending is not None: self._flush()
         n = min(self.offset, n); left = n
         if self.k_exact is not None and left:
             w = self.k_exact.shape[2]; d = min(w, left)
             self.k_exact, self.v_exact = (self.k_exact[:, :, :w - d], self.v_exact[:, :, :w - d]) if w > d else (None, None)
             left -= d
-        self.k_store.trim(left); self.v_store.trim(left)
+        d = min(left, self.k_store.length); self.k_store.trim(d); self.v_store.trim(d); left -= d
+        if left:
+            s = self.n_sink - left
+            self.k_sink, self.v_sink = (self.k_sink[:, :, :s], self.v_sink[:, :, :s]) if s else (None, None)
         self.offset -= n
         return n
 
     @property
     def n_elements(self) -> int:
         "Number of key and value elements represented (B · H · offset · (Dk + Dv))."
-        a = self.k_exact if self.k_exact is not None else (self.pending[0] if self.pending else None)
+        a = self.k_exact if self.k_exact is not None else (self.pending[0] if self.pending else self.k_sink)
         if a is None and self.k_store.arrays: a = next(iter(self.k_store.arrays.values()))
         if a is None: return 0
         return a.shape[0] * a.shape[1] * self.offset * sum(self.dims)
 
     @property
     def nbytes(self) -> int:
-        "Resident bytes of everything stored: codes (with allocated headroom), fp16 window, pending tokens."
+        "Resident bytes of everything stored: codes (with allocated headroom), fp16 window and sinks, pending tokens."
         n = self.k_store.nbytes + self.v_store.nbytes
-        for a in (self.k_exact, self.v_exact, *(self.pending or ())):
+        for a in (self.k_exact, self.v_exact, self.k_sink, self.v_sink, *(self.pending or ())):
             if a is not None: n += a.nbytes
         return n
 
@@ -250,13 +277,14 @@ class VQCache(_BaseCache):
 
     @property
     def state(self):
-        "Arrays and plain scalars: config JSON, offset, window, head dims, codes (valid part only), fp16 window."
+        "Arrays and plain scalars: config JSON, offset, window, head dims, codes (valid part only), fp16 window and sinks."
         if self.pending is not None: self._flush()
         st = {"config": self.config.to_json(), "offset": self.offset, "window": self.window,
               "dims": json.dumps(self.dims)}
         if self.k_store.length:
             st["k"] = self.k_store.slice(0, self.k_store.length); st["v"] = self.v_store.slice(0, self.v_store.length)
         if self.k_exact is not None: st["k_exact"], st["v_exact"] = self.k_exact, self.v_exact
+        if self.k_sink is not None: st["k_sink"], st["v_sink"] = self.k_sink, self.v_sink
         return st
 
     @state.setter
@@ -280,7 +308,10 @@ class VQCache(_BaseCache):
                 self._check_layout(side, codec, arrays)
                 store.arrays = arrays; store.length = next(iter(arrays.values())).shape[2]
         self.k_exact, self.v_exact = st.get("k_exact"), st.get("v_exact")
-        stored = self.k_store.length + (0 if self.k_exact is None else self.k_exact.shape[2])
+        self.k_sink, self.v_sink = st.get("k_sink"), st.get("v_sink")
+        if self.n_sink != min(self.sinks, self.offset):
+            raise ValueError(f"corrupt cache state: {self.n_sink} sink tokens stored, expected min(sinks={self.sinks}, offset={self.offset})")
+        stored = self.n_sink + self.k_store.length + (0 if self.k_exact is None else self.k_exact.shape[2])
         if stored != self.offset:
             raise ValueError(f"corrupt cache state: offset={self.offset} but {stored} tokens stored")
 

@@ -122,12 +122,12 @@ class AttentionProbe:
         row = dict(step=self.step, layer=i, tokens=S, out_rel_err=_rel(out, ref), score_rel_err=None, compressed_tokens=0)
         if isinstance(cache, VQCache) and cache.k_codec is not None:
             exact = 0 if cache.k_exact is None else cache.k_exact.shape[2]
-            n = cache.k_store.length
-            if n + exact == cache.offset and n > 0 and min(n, S - L) > 0:  # codes are position-aligned
-                n = min(n, S - L)
+            n, ns = cache.k_store.length, getattr(cache, "n_sink", 0)  # codes start after the exact sink tokens
+            if ns + n + exact == cache.offset and n > 0 and min(n, S - L - ns) > 0:  # codes are position-aligned
+                n = min(n, S - L - ns)
                 qg = (queries.astype(mx.float32) * scale).reshape(B, Hkv, Hq // Hkv, L, D)
                 sm = cache.k_codec.scores(qg, cache.k_store.slice(0, n))
-                sr = qg @ mx.expand_dims(K[:, :, :n].astype(mx.float32), 2).swapaxes(-1, -2)
+                sr = qg @ mx.expand_dims(K[:, :, ns:ns + n].astype(mx.float32), 2).swapaxes(-1, -2)
                 row["score_rel_err"], row["compressed_tokens"] = _rel(sm, sr), n
         self.rows.append(row); self._lazy += [v for v in row.values() if isinstance(v, mx.array)]
 

@@ -54,6 +54,8 @@ class _Wrapped(VQCache):
         return getattr(self.inner, name)
 
     def _new_inner(self, config: KVCacheConfig) -> VQCache:
+        if config.to_dict().get("sinks"):  # a sliding layer's sink tokens are its own `keep` tokens (RotatingKVCache
+            config = KVCacheConfig.from_dict({**config.to_dict(), "sinks": 0})  # semantics); the method's `sinks` apply to global layers
         inner = config.make_cache()
         if not isinstance(inner, VQCache):
             raise ValueError(f"method {config.method!r} makes {type(inner).__name__} caches, not VQCache")

@@ -19,18 +19,19 @@ AFFINE_BITS = (2, 3, 4, 5, 6, 8)
 @dataclass
 class AffineConfig(MethodConfig):
     """Options of `affine`: `key_bits`, `value_bits` in {2, 3, 4, 5, 6, 8}; `group_size` in {32, 64, 128}
-    (must divide head_dim); `window` ≥ 0 most recent tokens kept in fp16; `use_kernels`: on a GPU,
+    (must divide head_dim); `window` ≥ 0 most recent tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `use_kernels`: on a GPU,
     decode steps use the fused decode-attention kernels of `veloxquant.kernels` where they apply (False: MLX reference)."""
     key_bits: int = 4
     value_bits: int = 4
     group_size: int = 64
     window: int = 0
+    sinks: int = 0
     use_kernels: bool = True
     def validate(self):
         check_choice("key_bits", self.key_bits, AFFINE_BITS)
         check_choice("value_bits", self.value_bits, AFFINE_BITS)
         check_choice("group_size", self.group_size, (32, 64, 128))
-        check_int("window", self.window, 0)
+        check_int("window", self.window, 0); check_int("sinks", self.sinks, 0)
         check_bool("use_kernels", self.use_kernels)
 
 class AffineCodec(Codec):
@@ -64,6 +65,6 @@ def _make(config: KVCacheConfig):
             queries, k, v, n, ek, ev, scale, sinks, cfg.key_bits, cfg.value_bits, cfg.group_size)
     # Appends stay on `mx.quantize` (two native dispatches): on the H200 it is faster than the one-dispatch
     # `kernels.affine_fused_append` (0.72-0.81x, see the kernels notebook), so that kernel is not wired in here.
-    return VQCache(config, codecs, window=cfg.window, fused_decode=fused)
+    return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_decode=fused)
 
 METHOD = register_method("affine", AffineConfig, _make, "group affine quantization (mx.quantize), as mlx-lm's QuantizedKVCache")

@@ -50,13 +50,14 @@ class PolarConfig(MethodConfig):
     bits per angle of the deeper levels; `levels` in [1, 8] recursion depth (blocks of `2**levels`
     coordinates, one fp16 radius each; must divide head_dim), or 0 for the full `log2(head_dim)`
     levels; `value_bits` in {2, 4, 8} and `value_group` in {32, 64} for the per-token affine values;
-    `window` ≥ 0 most recent tokens kept in fp16; `seed` of the randomized Hadamard rotation."""
+    `window` ≥ 0 most recent tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the randomized Hadamard rotation."""
     key_bits: int = 4
     deep_bits: int = 2
     levels: int = 4
     value_bits: int = 4
     value_group: int = 64
     window: int = 0
+    sinks: int = 0
     seed: int = 0
     def validate(self):
         check_choice("key_bits", self.key_bits, POLAR_KEY_BITS)
@@ -64,7 +65,7 @@ class PolarConfig(MethodConfig):
         check_int("levels", self.levels, 0, 8)
         check_choice("value_bits", self.value_bits, POLAR_VALUE_BITS)
         check_choice("value_group", self.value_group, (32, 64))
-        check_int("window", self.window, 0); check_int("seed", self.seed, 0)
+        check_int("window", self.window, 0); check_int("sinks", self.sinks, 0); check_int("seed", self.seed, 0)
 
 class PolarKeyCodec(Codec):
     """PolarQuant codec: rotation, `levels` of recursive polar transform; level-1 angles with
@@ -136,7 +137,7 @@ def _make(config: KVCacheConfig):
     cfg = config.options
     codecs = lambda kd, vd: (PolarKeyCodec(kd, cfg.key_bits, cfg.deep_bits, cfg.levels, cfg.seed),
                              AffineCodec(vd, cfg.value_bits, cfg.value_group))
-    return VQCache(config, codecs, window=cfg.window)
+    return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
 
 METHOD = register_method("polar", PolarConfig, _make,
                          "random rotation + recursive polar transform, per-level angle codebooks, fp16 radius (PolarQuant, arXiv 2502.02617)")

@@ -113,18 +113,19 @@ class Q8_0Codec(BlockCodec):
 
 @dataclass
 class Q8_0Config(MethodConfig):
-    """Options of `q8_0`: `window` ≥ 0 most recent tokens kept in fp16; `hadamard` (bool) rotates
+    """Options of `q8_0`: `window` ≥ 0 most recent tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `hadamard` (bool) rotates
     keys and values by a randomized Hadamard matrix (seed `seed` ≥ 0) before quantizing."""
     window: int = 0
+    sinks: int = 0
     hadamard: bool = False
     seed: int = 0
     def validate(self):
-        check_int("window", self.window, 0); check_bool("hadamard", self.hadamard); check_int("seed", self.seed, 0)
+        check_int("window", self.window, 0); check_int("sinks", self.sinks, 0); check_bool("hadamard", self.hadamard); check_int("seed", self.seed, 0)
 
 def _make(config: KVCacheConfig):
     cfg = config.options
     codecs = lambda kd, vd: (Q8_0Codec(kd, cfg.hadamard, cfg.seed), Q8_0Codec(vd, cfg.hadamard, cfg.seed))
-    return VQCache(config, codecs, window=cfg.window)
+    return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
 
 METHOD = register_method("q8_0", Q8_0Config, _make, "llama.cpp q8_0: 32-element blocks, fp16 scale amax/127, int8 codes (8.5 bits)")
 STANDARD_SETTINGS = [dict(), dict(hadamard=True)]

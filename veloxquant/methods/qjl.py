@@ -27,11 +27,12 @@ class QJLConfig(MethodConfig):
     """Options of `qjl`: `sketch_dim` m, the number of sign bits per key (0: `2 × head_dim`, the
     paper's ratio; otherwise a multiple of 32 in [32, 4096]); `value_bits` in {2, 4, 8} and
     `value_group` in {32, 64} for the per-token group affine value codes; `window` ≥ 0 most recent
-    tokens kept in fp16; `seed` of the Gaussian projection `S`."""
+    tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the Gaussian projection `S`."""
     sketch_dim: int = 0
     value_bits: int = 4
     value_group: int = 64
     window: int = 0
+    sinks: int = 0
     seed: int = 0
     def validate(self):
         check_int("sketch_dim", self.sketch_dim, 0, QJL_MAX_SKETCH)
@@ -40,7 +41,7 @@ class QJLConfig(MethodConfig):
                              f"or a multiple of 32 in [32, {QJL_MAX_SKETCH}]")
         check_choice("value_bits", self.value_bits, QJL_VALUE_BITS)
         check_choice("value_group", self.value_group, QJL_VALUE_GROUPS)
-        check_int("window", self.window, 0); check_int("seed", self.seed, 0)
+        check_int("window", self.window, 0); check_int("sinks", self.sinks, 0); check_int("seed", self.seed, 0)
 
 # %% ../../nbs/methods/qjl.ipynb #61a72718
 @functools.lru_cache(maxsize=None)
@@ -89,7 +90,7 @@ class QJLKeyCodec(Codec):
 def _make(config: KVCacheConfig):
     cfg = config.options
     codecs = lambda kd, vd: (QJLKeyCodec(kd, cfg.sketch_dim, cfg.seed), AffineCodec(vd, cfg.value_bits, cfg.value_group))
-    return VQCache(config, codecs, window=cfg.window)
+    return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
 
 METHOD = register_method("qjl", QJLConfig, _make,
                          "1-bit JL sign sketch of keys + fp16 norm, unbiased asymmetric scores; per-token affine values (QJL, arXiv 2406.03482)")

@@ -29,11 +29,13 @@ def check_bits(field: str, value) -> None:
 @dataclass
 class TurboQuantConfig(MethodConfig):
     """Options of `turboquant`: `key_bits`, `value_bits` in {1, 1.5, 2, 2.5, 3, 3.5, 4} (average bits
-    per coordinate, norms not counted); `window` ≥ 0 most recent tokens kept in fp16; `seed` of the
+    per coordinate, norms not counted); `window` ≥ 0 most recent tokens kept in fp16; `sinks` ≥ 0
+    first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the
     rotation; `rotation` 'hadamard' (randomized Hadamard) or 'orthogonal' (Haar); `codebook` 'sphere'
     (Lloyd–Max for the exact coordinate density of a random unit vector) or 'gaussian' (N(0, 1/d));
-    `center=True` subtracts a per-head mean vector (from the first chunk encoded) before quantizing
-    and adds its exact contribution back in attention (a veloxquant extension, not in the paper);
+    `center=True` subtracts a per-head mean key (from the first chunk encoded, sinks
+    excluded) before quantizing keys and adds its exact contribution back in attention (`q·μ` is the
+    same for every key, so the softmax cannot see it; values are not centered);
     `variant` 'mse' (default) or 'prod' (keys: `key_bits − 1` bits MSE + 1-bit QJL sketch of the
     residual, unbiased inner products; values stay 'mse'); `use_kernels`: on a GPU, new tokens are encoded
     by the fused append kernel of `veloxquant.kernels` where it applies ('mse', integer bits, no centering;
@@ -41,6 +43,7 @@ class TurboQuantConfig(MethodConfig):
     key_bits: float = 3
     value_bits: float = 3
     window: int = 0
+    sinks: int = 0
     seed: int = 0
     rotation: str = "hadamard"
     codebook: str = "sphere"
@@ -49,7 +52,7 @@ class TurboQuantConfig(MethodConfig):
     use_kernels: bool = True
     def validate(self):
         check_bits("key_bits", self.key_bits); check_bits("value_bits", self.value_bits)
-        check_int("window", self.window, 0); check_int("seed", self.seed, 0)
+        check_int("window", self.window, 0); check_int("sinks", self.sinks, 0); check_int("seed", self.seed, 0)
         check_choice("rotation", self.rotation, ROTATIONS); check_choice("codebook", self.codebook, TQ_CODEBOOKS)
         check_bool("center", self.center)
         check_choice("variant", self.variant, TQ_VARIANTS)
@@ -192,7 +195,7 @@ def qjl_matrix(d: int, seed: int = 0) -> mx.array:
 
 @register_cache_class
 class TurboQuantCache(VQCache):
-    "`VQCache` that also saves, restores and counts the per-head means of `center=True`."
+    "`VQCache` that also saves, restores and counts the per-head mean keys of `center=True`."
     @property
     def state(self):
         st = VQCache.state.fget(self)
@@ -208,6 +211,14 @@ class TurboQuantCache(VQCache):
             cd = getattr(self, f"{side}_codec")
             if cd is not None: cd.mu = st.get(f"{side}_mu")
 
+    def trim(self, n: int) -> int:
+        "As `VQCache.trim`; once no code is left the means are dropped (the next chunk encoded sets new ones, as in a fresh cache)."
+        out = VQCache.trim(self, n)
+        if self.k_store.length == 0:
+            for cd in (self.k_codec, self.v_codec):
+                if cd is not None: cd.mu = None
+        return out
+
     @property
     def nbytes(self) -> int:
         mus = [cd.mu for cd in (self.k_codec, self.v_codec) if cd is not None and cd.mu is not None]
@@ -218,14 +229,14 @@ def _make(config: KVCacheConfig):
     def codecs(kd, vd):
         kc = TurboQuantProdCodec if cfg.variant == "prod" else TurboQuantCodec
         return (kc(kd, cfg.key_bits, cfg.seed, cfg.rotation, cfg.codebook, cfg.center),
-                TurboQuantCodec(vd, cfg.value_bits, cfg.seed, cfg.rotation, cfg.codebook, cfg.center))
+                TurboQuantCodec(vd, cfg.value_bits, cfg.seed, cfg.rotation, cfg.codebook))
     def encode(kc, vc):  # the fused append kernel (rotate + codebook + pack, keys and values in one dispatch) where it applies
         from veloxquant import kernels
         if not (cfg.use_kernels and cfg.variant == "mse" and not cfg.center and kc.head_dim == vc.head_dim
                 and len(kc.groups) == 1 and len(vc.groups) == 1 and kernels.tq_append_supported(kc.head_dim, kc.bits, vc.bits)):
             return None
         return lambda keys, values: kernels.tq_fused_append(keys, values, kc.R, kc.groups[0][4], vc.groups[0][4])
-    return TurboQuantCache(config, codecs, window=cfg.window, fused_encode=encode)
+    return TurboQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_encode=encode)
 
 METHOD = register_method("turboquant", TurboQuantConfig, _make,
                          "random rotation + per-coordinate Lloyd–Max codes + fp16 norm (TurboQuant MSE, arXiv 2504.19874)")

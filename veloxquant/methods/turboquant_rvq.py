@@ -23,17 +23,18 @@ class TurboQuantRVQConfig(MethodConfig):
     """Options of `turboquant_rvq`: `passes` in {1, 2, 3} and `bits_per_pass` in {1, 2} (keys and
     values alike; bits per coordinate = passes · bits_per_pass, plus the fp16 norm); `residual_scale`
     'fixed' (precomputed σ for Gaussian coordinates, no extra bits) or 'rms' (per-vector fp16 RMS
-    stored before each residual pass); `window` ≥ 0 most recent tokens kept in fp16; `seed` of the
+    stored before each residual pass); `window` ≥ 0 most recent tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the
     randomized Hadamard rotation."""
     passes: int = 2
     bits_per_pass: int = 1
     residual_scale: str = "fixed"
     window: int = 0
+    sinks: int = 0
     seed: int = 0
     def validate(self):
         check_choice("passes", self.passes, (1, 2, 3)); check_choice("bits_per_pass", self.bits_per_pass, (1, 2))
         check_choice("residual_scale", self.residual_scale, RVQ_SCALES)
-        check_int("window", self.window, 0); check_int("seed", self.seed, 0)
+        check_int("window", self.window, 0); check_int("sinks", self.sinks, 0); check_int("seed", self.seed, 0)
 
 # %% ../../nbs/methods/turboquant_rvq.ipynb #28c46de9
 def pass_codebooks(passes: int, bits: int):
@@ -120,7 +121,7 @@ class RVQCodec(Codec):
 def _make(config: KVCacheConfig):
     cfg = config.options
     codecs = lambda kd, vd: tuple(RVQCodec(d, cfg.passes, cfg.bits_per_pass, cfg.residual_scale, cfg.seed) for d in (kd, vd))
-    return VQCache(config, codecs, window=cfg.window)
+    return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
 
 METHOD = register_method("turboquant_rvq", TurboQuantRVQConfig, _make,
                          "rotation + fp16 norm + residual scalar passes: 1-bit Gaussian, then Laplacian codebooks (seed design)")
