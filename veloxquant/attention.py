@@ -131,7 +131,9 @@ def install() -> int:
     "Rebind `scaled_dot_product_attention` to `dispatch` in mlx-lm's model modules (idempotent); returns how many modules were rebound."
     n = 0
     for mod in _targets():
-        if getattr(mod, "scaled_dot_product_attention", None) is _ORIGINAL:
+        f = getattr(mod, "scaled_dot_product_attention", None)
+        # also replace a stale dispatcher from another copy of this code (e.g. a notebook that defined its own)
+        if f is _ORIGINAL or (f is not dispatch and getattr(f, "_vq_original", None) is _ORIGINAL):
             mod.scaled_dot_product_attention = dispatch; n += 1
     return n
 
@@ -139,7 +141,8 @@ def uninstall() -> int:
     "Restore mlx-lm's own `scaled_dot_product_attention` everywhere `install` rebound it."
     n = 0
     for mod in _targets():
-        if getattr(mod, "scaled_dot_product_attention", None) is dispatch:
+        f = getattr(mod, "scaled_dot_product_attention", None)
+        if f is dispatch or (f is not _ORIGINAL and getattr(f, "_vq_original", None) is _ORIGINAL):
             mod.scaled_dot_product_attention = _ORIGINAL; n += 1
     return n
 
