@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -107,14 +108,23 @@ def test_serve_batches_compressed_requests(server, real):
     assert stats["decode_steps_by_batch"].get("2", 0) >= 1
     for r in reqs:  # compressed: 8.5 bits per element vs 16
         assert 0 < r["cache_bytes"] < r["fp16_bytes"] / 1.5 and r["bits_per_element"] < 9
+    # an empty text prompt gets a 400 and the server keeps generating (mlx-lm alone would lose its generation thread)
+    body = json.dumps({"prompt": "", "max_tokens": 3}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req, timeout=60); raise AssertionError("empty prompt was accepted")
+    except urllib.error.HTTPError as e:
+        assert e.code == 400 and b"prompt is empty" in e.read()
+    assert post(port, [{"role": "user", "content": "Say hello."}], max_tokens=4)["choices"][0]["message"]["content"]
     text = log.read_text()
     assert "decoding 2 sequence(s) together in one batch" in text
-    assert text.count("bytes compressed with affine") == 3
+    assert text.count("bytes compressed with affine") == 4
 
 
 def test_serve_refuses_bad_flags():
     "Bad method specs and mlx-lm's own --kv-bits (which turns batching off) exit with status 2 and a clear error."
-    for args, msg in ((["--method", "affine:key_bits=7"], "key_bits=7"), (["--kv-bits", "4"], "--kv-bits is mlx-lm's own")):
+    for args, msg in ((["--method", "affine:key_bits=7"], "key_bits=7"), (["--kv-bits", "4"], "--kv-bits is mlx-lm's own"),
+                      (["--model", "/nonexistent"], "no such folder")):
         p = subprocess.run([sys.executable, "-c", "from veloxquant.cli import main; main()", "serve", *args],
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and msg in p.stderr, p.stderr

@@ -228,7 +228,8 @@ class VQCache(_BaseCache):
         return merge_caches(caches)
 
     def trim(self, n: int) -> int:
-        "Drop the last `n` tokens (exact window first, then codes, then sink tokens); returns the number dropped."
+        "Drop the last `n` tokens (exact window first, then codes, then sink tokens); returns the number dropped. `ValueError` for n < 0."
+        check_int("n", n, 0)
         if self.pending is not None: self._flush()
         n = min(self.offset, n); left = n
         if self.k_exact is not None and left:

@@ -24,7 +24,8 @@ def parse_method(spec: str) -> KVCacheConfig:
     "Parse `'id:opt=val,opt=val'` into a `KVCacheConfig`; `ValueError` for malformed options or values."
     mid, _, rest = spec.strip().partition(":")
     opts = {}
-    for item in filter(None, (x.strip() for x in rest.split(","))):
+    for item in ([x.strip() for x in rest.split(",")] if rest.strip() else []):
+        if not item: raise ValueError(f"method spec {spec!r} has an empty option (two commas in a row or a trailing comma)")
         k, eq, v = item.partition("=")
         if not eq: raise ValueError(f"method option {item!r} in {spec!r} must look like name=value")
         if k.strip() in opts: raise ValueError(f"method option {k.strip()!r} is given twice in {spec!r}")
@@ -95,9 +96,19 @@ def print_table(rows: list[dict], file=None) -> None:
     print("\n".join(out), file=file)
 
 def check_model_arg(model_path) -> None:
-    "`ValueError` when `model_path` looks like a local path (starts with '/', '.', '~') that does not exist."
-    if model_path and str(model_path).startswith(("/", ".", "~")) and not os.path.exists(os.path.expanduser(str(model_path))):
-        raise ValueError(f"model={model_path!r}: no such folder; give an mlx_lm model folder or a hub id (org/name)")
+    """`ValueError` unless `model_path` is None, a name in `veloxquant.models.NAMED_MODELS`, an existing folder with
+    a `config.json` (an mlx_lm model folder), or something shaped like a hub id (`org/name`)."""
+    if not model_path: return
+    from veloxquant.models import NAMED_MODELS
+    s = str(model_path); p = os.path.expanduser(s)
+    if s in NAMED_MODELS: return
+    if os.path.exists(p):
+        if not (os.path.isdir(p) and os.path.exists(os.path.join(p, "config.json"))):
+            raise ValueError(f"model={s!r}: not an mlx_lm model folder (no config.json in it)")
+        return
+    if s.startswith(("/", ".", "~")) or s.count("/") != 1:
+        raise ValueError(f"model={s!r}: no such folder, and not a hub id (org/name) or a named model "
+                         f"({', '.join(NAMED_MODELS)})")
 
 def demo(method: str = "affine:key_bits=4,value_bits=4", model_path: str | None = None, prompt_tokens: int = 2048,
          max_tokens: int = 48, heldout_tokens: int = 64, out: str | None = None) -> list[dict]:
@@ -156,6 +167,16 @@ def generate_main(argv):
         compress(res[0], config)
         return res
     g.load = load
+    refused = [a.split("=")[0] for a in rest if a.split("=")[0] in ("--kv-bits", "--kv-group-size", "--quantized-kv-start", "--max-kv-size")]
+    if refused:
+        print(f"veloxquant generate: error: {refused[0]} configures mlx-lm's own KV cache, which --method replaces "
+              "(it would be ignored); choose the cache with --method, e.g. --method affine:key_bits=4,value_bits=4", file=sys.stderr)
+        sys.exit(2)
+    if "--model" in rest and (i := rest.index("--model") + 1) < len(rest) and not ("-h" in rest or "--help" in rest):
+        try:
+            check_model_arg(rest[i])
+        except ValueError as e:
+            print(f"veloxquant generate: error: {e}", file=sys.stderr); sys.exit(2)
     from veloxquant.models import resolve_model
     if "--model" not in rest: rest = ["--model", resolve_model(None)] + rest
     elif (i := rest.index("--model") + 1) < len(rest): rest[i] = resolve_model(rest[i])  # a name such as gemma3-270m is prepared first
@@ -169,6 +190,7 @@ def _csv(s, t):
 def eval_main(a) -> list[dict]:
     "`veloxquant eval` from parsed arguments: runs `veloxquant.eval.eval_report`; returns the records."
     from veloxquant.eval import eval_report
+    check_model_arg(a.model)
     return eval_report(a.model, a.methods, a.tasks, a.context, a.scored, a.chunk, _csv(a.niah_lengths, int),
                        _csv(a.niah_depths, float) or (0.1, 0.5, 0.9), a.out, charts=not a.no_charts, progress=not a.no_progress)
 

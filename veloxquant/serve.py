@@ -74,7 +74,8 @@ def batch_generator_class(base, stats: ServeStats):
     return VQServerBatchGenerator
 
 def handler_class(base, stats: ServeStats):
-    "A subclass of mlx-lm's `APIHandler` (`base`) that also answers `GET /veloxquant/stats` with `stats.snapshot()` as JSON."
+    """A subclass of mlx-lm's `APIHandler` (`base`) that also answers `GET /veloxquant/stats` with `stats.snapshot()`
+    as JSON, and answers 400 to an empty text prompt (which would otherwise stop mlx-lm's generation thread)."""
     class VQHandler(base):
         def do_GET(self):
             if self.path.rstrip("/") == "/veloxquant/stats":
@@ -82,6 +83,15 @@ def handler_class(base, stats: ServeStats):
                 self._set_completion_headers(200); self.end_headers(); self.wfile.write(body); self.wfile.flush()
             else:
                 super().do_GET()
+
+        def handle_completion(self, request, stop_words):
+            # mlx-lm 0.32 lets an empty text prompt reach BatchGenerator, whose ValueError kills the generation
+            # thread (every later request then fails): answer 400 here instead.
+            if request.request_type == "text" and not str(request.prompt or "").strip():
+                body = json.dumps({"error": "prompt is empty: give at least one token of text"}).encode()
+                self._set_completion_headers(400); self.end_headers(); self.wfile.write(body); self.wfile.flush()
+                return
+            return super().handle_completion(request, stop_words)
     return VQHandler
 
 # %% ../nbs/12_serve.ipynb #0482df38
@@ -113,6 +123,16 @@ def serve_main(argv: list[str]) -> None:
     if not wants_help and "--model" not in rest and not any(a.startswith("--model=") for a in rest):
         from veloxquant.models import default_model_path
         rest = ["--model", str(default_model_path())] + rest
+    elif not wants_help:
+        from veloxquant.cli import check_model_arg
+        from veloxquant.models import resolve_model
+        i = rest.index("--model") + 1 if "--model" in rest else None
+        given = rest[i] if i is not None and i < len(rest) else next((a.split("=", 1)[1] for a in rest if a.startswith("--model=")), None)
+        try:
+            check_model_arg(given)
+        except ValueError as e:
+            print(f"veloxquant serve: error: {e}", file=sys.stderr); sys.exit(2)
+        if i is not None and i < len(rest): rest[i] = resolve_model(rest[i])  # a name such as gemma3-270m is prepared first
     stats = ServeStats(config)
     orig_load, orig_http = srv.load, srv._run_http_server
     def load(path, *a, **kw):
