@@ -223,3 +223,11 @@ def test_tradeoff_explorer_responds(records):
     assert "KV cache (MiB)" in chart.value
     w.children[0].children[1].value = ("q8_0",)
     assert "no configuration visible" in details.value and "0 of" in w.children[1].value
+
+
+@pytest.mark.parametrize("keys, msg", [(np.ones((10, 64)), "zero variance"), (np.full((10, 64), np.nan), "NaN or infinite")])
+def test_key_spectrum_degenerate_keys_refused(keys, msg):
+    "Constant or non-finite keys give a ValueError naming the problem (not a failure inside numpy or the chart code)."
+    from veloxquant.widgets import key_spectrum
+    with pytest.raises(ValueError, match=msg):
+        key_spectrum(keys)

@@ -229,7 +229,9 @@ def capture_keys(model=None, tokenizer=None, n_tokens: int = 512, offset: int = 
 def _check_keys(keys):
     keys = np.asarray(keys)
     if keys.ndim != 2 or keys.shape[0] < 2: raise ValueError(f"keys of shape {keys.shape} are not allowed; allowed: [tokens >= 2, head_dim]")
-    return keys.astype(np.float64)
+    keys = keys.astype(np.float64)
+    if not np.isfinite(keys).all(): raise ValueError(f"keys contain {int((~np.isfinite(keys)).sum())} NaN or infinite values; allowed: finite values")
+    return keys
 
 def rotate_keys(keys, rotation: str | None = "hadamard", seed: int = 0) -> np.ndarray:
     """`keys @ R` (float64 [T, head_dim]) with `R = veloxquant.quant.rotation(rotation, head_dim, seed)`;
@@ -246,11 +248,13 @@ def key_spectrum(keys) -> dict:
     `cumulative` float64 [head_dim] (explained-variance fraction, ends at 1), `total_variance` (the
     covariance trace), `components_90` (how many components explain 90 %), `channel_rms` float64 [head_dim]
     (root mean square of each channel, mean included), `channel_absmax` float64 [head_dim], and
-    `outlier_ratio` (max / median channel RMS). Raises `ValueError` for another shape."""
+    `outlier_ratio` (max / median channel RMS). Raises `ValueError` for another shape, non-finite keys or keys
+    with zero variance."""
     k = _check_keys(keys)
     cov = np.cov(k, rowvar=False, bias=True)
     ev = np.linalg.eigvalsh(cov)[::-1].copy()
     total = float(np.trace(cov))
+    if not total > 0: raise ValueError("keys have zero variance (every token's key is the same): the spectrum is undefined")
     cum = np.cumsum(ev) / ev.sum()
     rms = np.sqrt((k * k).mean(0))
     return dict(eigenvalues=ev, cumulative=cum, total_variance=total, components_90=int(np.searchsorted(cum, 0.9) + 1),
