@@ -1,11 +1,13 @@
 """`qjl` (1-bit JL sign sketch of keys) and `polar` (PolarQuant): theory, sizes, contract (tiny random model)."""
 import math
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
 import veloxquant as vq
-from veloxquant.methods.qjl import QJLKeyCodec
+from veloxquant import kernels
+from veloxquant.methods.qjl import QJL_QUERY_BITS, QJLKeyCodec
 from veloxquant.methods.polar import PolarKeyCodec
 
 
@@ -110,6 +112,7 @@ def test_compressed_attention_close_to_fp16_tiny(tiny_model):
     ("qjl", dict(window=-2), "window=-2"),
     ("qjl", dict(seed=1.5), "seed=1.5"),
     ("qjl", dict(bogus=1), "bogus"),
+    ("qjl", dict(use_kernels=1), "use_kernels=1"),
     ("polar", dict(key_bits=1), "key_bits=1"),
     ("polar", dict(deep_bits=5), "deep_bits=5"),
     ("polar", dict(levels=-1), "levels=-1"),
@@ -124,3 +127,104 @@ def test_bad_options(method, kwargs, msg):
 def test_polar_levels_must_fit_head_dim():
     with pytest.raises(ValueError, match="levels=5"):
         PolarKeyCodec(80, levels=5)
+
+
+def _qjl_scores_case(m, rep, L, T=700, d=64, seed=11, use_kernels=True):
+    "A QJL codec, encoded random keys (fp16, as the cache passes them) and grouped queries [1, 3, rep, L, d]."
+    mx.random.seed(seed)
+    codec = QJLKeyCodec(d, m, seed=seed, use_kernels=use_kernels)
+    k = (mx.random.normal((1, 3, T, d)) * 2 + 0.5).astype(mx.float16)
+    q = mx.random.normal((1, 3, rep, L, d))
+    return codec, codec.encode(k), q, k.astype(mx.float32)
+
+
+def _query_bound(codec, q, enc, qb):
+    "Hard bound of |quantized − unquantized| scores: √(π/2)/m · ‖k‖ · m · δ/2, δ = (max − min)/(2^qb − 1) of each row of S q."
+    u = q @ codec.ST
+    delta = (u.max(-1, keepdims=True) - u.min(-1, keepdims=True)) / ((1 << qb) - 1)
+    return codec.c * enc["norm"].astype(mx.float32)[:, :, None, None, :, 0] * codec.m * delta / 2
+
+
+@pytest.mark.parametrize("m,rep,L", [(128, 3, 1), (256, 4, 2), (96, 2, 1)])
+def test_qjl_scores_match_sign_score_reference(m, rep, L):
+    """CPU: the kernel's MLX reference, fed the codec's storage through the codec's adapter, gives the codec's scores
+    up to the query quantization (within its hard bound; RMS < 2% of the estimator's own error)."""
+    codec, enc, q, k = _qjl_scores_case(m, rep, L, use_kernels=False)
+    ref = codec.scores(q, enc)                                                  # MLX path, unquantized S q
+    got = codec.kernel_scores(q, enc, kernels.sign_scores_reference)
+    assert got.shape == ref.shape == (1, 3, rep, L, k.shape[2]) and got.dtype == mx.float32
+    diff = mx.abs(got - ref)
+    assert (diff <= _query_bound(codec, q, enc, QJL_QUERY_BITS) * 1.001 + 1e-4).all().item()
+    est_err = mx.sqrt(((ref - q @ mx.expand_dims(k, 2).swapaxes(-1, -2)) ** 2).mean()).item()
+    assert mx.sqrt((diff ** 2).mean()).item() < 0.02 * est_err
+    if L == 1:  # the layout by hand, without the adapter: u [B, Hkv, rep, m], signs/norms as stored
+        direct = kernels.sign_scores_reference((q @ codec.ST)[..., 0, :], enc["signs"], enc["norm"], k.shape[2], QJL_QUERY_BITS)
+        np.testing.assert_allclose(np.array(direct), np.array(got[..., 0, :]), rtol=1e-5, atol=1e-5)
+    # fewer bit planes: larger error, still within its bound (the bound is what the adapter's tolerance rests on)
+    got4 = codec.kernel_scores(q, enc, lambda u, s, nk, t, _: kernels.sign_scores_reference(u, s, nk, t, 4))
+    d4 = mx.abs(got4 - ref)
+    assert (d4 <= _query_bound(codec, q, enc, 4) * 1.001 + 1e-4).all().item()
+    assert mx.sqrt((d4 ** 2).mean()).item() > 4 * mx.sqrt((diff ** 2).mean()).item()
+
+
+def test_qjl_kernel_path_selection():
+    q1, q_many = mx.zeros((1, 3, 3, 1, 64)), mx.zeros((1, 3, 3, 4, 64))   # 3 and 12 query rows per KV head
+    assert QJLKeyCodec(64, 128).kernel_applies(q1) == (kernels.backend() is not None)
+    assert not QJLKeyCodec(64, 128, use_kernels=False).kernel_applies(q1)
+    assert not QJLKeyCodec(64, 96).kernel_applies(q1)                    # m not a multiple of 128
+    assert not QJLKeyCodec(64, 128).kernel_applies(q_many)               # prefill-sized chunk: MLX path
+    for flag in (True, False):  # the option reaches the key codec
+        cache = vq.KVCacheConfig("qjl", use_kernels=flag).make_cache()
+        cache.update_and_fetch(mx.zeros((1, 3, 4, 64)), mx.zeros((1, 3, 4, 64)))
+        assert cache.k_codec.use_kernels is flag
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,rep,L,T", [(128, 3, 1, 700), (256, 4, 1, 5000), (256, 2, 3, 300)])
+def test_qjl_scores_kernel_vs_mlx_gpu(m, rep, L, T):
+    "GPU: `QJLKeyCodec.scores` with use_kernels=True (XOR/popcount kernel) vs False (MLX), same codec and data."
+    codec, enc, q, k = _qjl_scores_case(m, rep, L, T=T)
+    assert codec.kernel_applies(q)
+    on = codec.scores(q, enc)
+    codec.use_kernels = False
+    off = codec.scores(q, enc)
+    assert on.shape == off.shape == (1, 3, rep, L, T)
+    scale = mx.sqrt((off ** 2).mean()).item()                           # the MLX matmul runs in TF32 on CUDA: small slack
+    assert (mx.abs(on - off) <= _query_bound(codec, q, enc, QJL_QUERY_BITS) * 1.001 + 2e-3 * scale).all().item()
+    est_err = mx.sqrt(((off - q @ mx.expand_dims(k, 2).swapaxes(-1, -2)) ** 2).mean()).item()
+    assert mx.sqrt(((on - off) ** 2).mean()).item() < 0.02 * est_err
+
+
+@pytest.mark.gpu
+def test_qjl_cache_decode_kernel_vs_mlx_gpu():
+    "GPU: one decode step through two `qjl` caches (use_kernels True / False) on the same tokens: close attention outputs."
+    outs = []
+    for flag in (True, False):
+        mx.random.seed(2)
+        cache = vq.KVCacheConfig("qjl", sketch_dim=256, use_kernels=flag).make_cache()
+        k, v = mx.random.normal((1, 8, 3000, 128)), mx.random.normal((1, 8, 3000, 128))
+        cache.update_and_fetch(k[:, :, :-1], v[:, :, :-1]); cache._flush()
+        kn, vn = cache.update_and_fetch(k[:, :, -1:], v[:, :, -1:])
+        q = mx.random.normal((1, 32, 1, 128))
+        assert cache.k_codec.kernel_applies(q.reshape(1, 8, 4, 1, 128)) == flag
+        outs.append(cache.attend(q, kn, vn, 128 ** -0.5, None))
+    assert outs[0].shape == (1, 32, 1, 128)
+    np.testing.assert_allclose(np.array(outs[0]), np.array(outs[1]), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_qjl_kernel_in_generation_gpu(tiny_model, monkeypatch):
+    "GPU: decode steps of the tiny model through `qjl` caches call the kernel (use_kernels=True) and give the MLX path's logits."
+    calls = []
+    real_fn = kernels.sign_scores
+    monkeypatch.setattr(kernels, "sign_scores", lambda *a, **k: calls.append(1) or real_fn(*a, **k))
+    toks = [i % 120 + 3 for i in range(300)]
+    outs = []
+    for uk in (True, False):
+        caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("qjl", use_kernels=uk))  # m = 128 (head_dim 64)
+        tiny_model(mx.array(toks[:280])[None], cache=caches)
+        n0 = len(calls)
+        outs.append(mx.concatenate([tiny_model(mx.array([[t]]), cache=caches) for t in toks[280:]], axis=1))
+        assert (len(calls) > n0) == uk
+    ref = np.array(outs[1])
+    assert np.abs(np.array(outs[0]) - ref).max() < 2e-2 * np.abs(ref).max()

@@ -8,32 +8,38 @@ import functools, math
 import numpy as np
 from dataclasses import dataclass
 import mlx.core as mx
-from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int
+from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int, check_bool
 from ..cache import Codec, VQCache
 from ..quant import pack_bits, unpack_bits, packed_words
 from .affine import AffineCodec
+from .. import kernels
 
 # %% auto #0
-__all__ = ['QJL_VALUE_BITS', 'QJL_VALUE_GROUPS', 'QJL_MAX_SKETCH', 'METHOD', 'STANDARD_SETTINGS', 'QJLConfig', 'jl_matrix',
-           'QJLKeyCodec']
+__all__ = ['QJL_VALUE_BITS', 'QJL_VALUE_GROUPS', 'QJL_MAX_SKETCH', 'QJL_QUERY_BITS', 'QJL_KERNEL_MAX_ROWS', 'METHOD',
+           'STANDARD_SETTINGS', 'QJLConfig', 'jl_matrix', 'QJLKeyCodec']
 
 # %% ../../nbs/methods/qjl.ipynb #e08cb252
 QJL_VALUE_BITS = (2, 4, 8)
 QJL_VALUE_GROUPS = (32, 64)
 QJL_MAX_SKETCH = 4096
+QJL_QUERY_BITS = 8        # bit planes of the projected query in the GPU sign-scoring kernel (see "Scores on a GPU")
+QJL_KERNEL_MAX_ROWS = 8   # the kernel scores at most this many query rows (rep × L) per KV head; more: MLX reference
 
 @dataclass
 class QJLConfig(MethodConfig):
     """Options of `qjl`: `sketch_dim` m, the number of sign bits per key (0: `2 × head_dim`, the
     paper's ratio; otherwise a multiple of 32 in [32, 4096]); `value_bits` in {2, 4, 8} and
     `value_group` in {32, 64} for the per-token group affine value codes; `window` ≥ 0 most recent
-    tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the Gaussian projection `S`."""
+    tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the Gaussian projection `S`;
+    `use_kernels`: on a GPU, key scores of decode steps use the XOR/popcount kernel `veloxquant.kernels.sign_scores`
+    (query quantized to `QJL_QUERY_BITS` = 8 bit planes) where it applies (False: MLX reference everywhere)."""
     sketch_dim: int = 0
     value_bits: int = 4
     value_group: int = 64
     window: int = 0
     sinks: int = 0
     seed: int = 0
+    use_kernels: bool = True
     def validate(self):
         check_int("sketch_dim", self.sketch_dim, 0, QJL_MAX_SKETCH)
         if self.sketch_dim % 32:
@@ -42,6 +48,7 @@ class QJLConfig(MethodConfig):
         check_choice("value_bits", self.value_bits, QJL_VALUE_BITS)
         check_choice("value_group", self.value_group, QJL_VALUE_GROUPS)
         check_int("window", self.window, 0); check_int("sinks", self.sinks, 0); check_int("seed", self.seed, 0)
+        check_bool("use_kernels", self.use_kernels)
 
 # %% ../../nbs/methods/qjl.ipynb #61a72718
 @functools.lru_cache(maxsize=None)
@@ -50,9 +57,11 @@ def jl_matrix(m: int, d: int, seed: int = 0) -> mx.array:
     return mx.array(np.random.default_rng([seed, m, d, 0x0B1]).standard_normal((m, d)).astype(np.float32))
 
 class QJLKeyCodec(Codec):
-    "QJL sketch of keys: `sign(S k)` packed 1 bit per projection into uint32, plus the fp16 norm `‖k‖`."
-    def __init__(self, head_dim: int, sketch_dim: int = 0, seed: int = 0):
+    """QJL sketch of keys: `sign(S k)` packed 1 bit per projection into uint32, plus the fp16 norm `‖k‖`.
+    `use_kernels`: score with `veloxquant.kernels.sign_scores` where `kernel_applies` (a GPU back-end)."""
+    def __init__(self, head_dim: int, sketch_dim: int = 0, seed: int = 0, use_kernels: bool = True):
         super().__init__(head_dim)
+        self.use_kernels = use_kernels
         self.m = sketch_dim or 2 * head_dim
         self.S = jl_matrix(self.m, head_dim, seed)
         self.ST = self.S.T
@@ -77,7 +86,28 @@ class QJLKeyCodec(Codec):
         if q is not self._qkey: self._qkey, self._qproj = q, q @ self.ST
         return self._qproj
 
+    def kernel_applies(self, q) -> bool:
+        "True when `scores(q, ·)` runs the GPU kernel: `use_kernels`, a GPU back-end, m a multiple of 128, rep·L ≤ 8 rows."
+        return (self.use_kernels and kernels.backend() is not None and kernels.sign_scores_supported(self.m)
+                and q.shape[2] * q.shape[3] <= QJL_KERNEL_MAX_ROWS)
+
+    def kernel_scores(self, q, blk, fn=None) -> mx.array:
+        """Scores [B, Hkv, rep, L, t] through a sign-score function of `veloxquant.kernels` (`fn`:
+        `sign_scores`, the default, GPU only; or `sign_scores_reference`, any device): the layout adapter
+        of both. The codec's storage is already the kernel's (`signs` uint32 [B, Hkv, t, m/32], LSB-first
+        `pack_bits(·, 1)`, bit 1 = positive projection; `norm` fp16 [B, Hkv, t, 1]; same factor `√(π/2)/m`),
+        so only the query rows are reshaped: `S q` [B, Hkv, rep, L, m] → [B, Hkv, rep·L, m] and back.
+        The projected query is quantized to `QJL_QUERY_BITS` bit planes per row (see the notebook).
+        `ValueError` (from `sign_scores`) where the kernel does not apply (`kernel_applies`)."""
+        fn = fn or kernels.sign_scores
+        qs = self._project(q)
+        B, H, rep, L, m = qs.shape
+        t = blk["signs"].shape[2]
+        out = fn(qs.reshape(B, H, rep * L, m), blk["signs"], blk["norm"], t, QJL_QUERY_BITS)
+        return out.reshape(B, H, rep, L, t)
+
     def scores(self, q, blk):
+        if self.kernel_applies(q): return self.kernel_scores(q, blk)
         qs = self._project(q)                                        # [B, Hkv, rep, L, m]
         z = mx.expand_dims(self.signs(blk), 2)                       # [B, Hkv, 1, t, m]
         nk = blk["norm"].astype(mx.float32)[:, :, None, None, :, 0]  # [B, Hkv, 1, 1, t]
@@ -89,7 +119,7 @@ class QJLKeyCodec(Codec):
 
 def _make(config: KVCacheConfig):
     cfg = config.options
-    codecs = lambda kd, vd: (QJLKeyCodec(kd, cfg.sketch_dim, cfg.seed), AffineCodec(vd, cfg.value_bits, cfg.value_group))
+    codecs = lambda kd, vd: (QJLKeyCodec(kd, cfg.sketch_dim, cfg.seed, cfg.use_kernels), AffineCodec(vd, cfg.value_bits, cfg.value_group))
     return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
 
 METHOD = register_method("qjl", QJLConfig, _make,
