@@ -124,7 +124,18 @@ def test_serve_batches_compressed_requests(server, real):
 def test_serve_refuses_bad_flags():
     "Bad method specs and mlx-lm's own --kv-bits (which turns batching off) exit with status 2 and a clear error."
     for args, msg in ((["--method", "affine:key_bits=7"], "key_bits=7"), (["--kv-bits", "4"], "--kv-bits is mlx-lm's own"),
-                      (["--model", "/nonexistent"], "no such folder")):
+                      (["--model", "/nonexistent"], "no such folder"), (["--model=/nonexistent"], "no such folder"),
+                      (["--kv-bit", "4"], "--kv-bit is mlx-lm's own"),
+                      (["--method", "turboquant:sinks=4"], "sinks>0"), (["--method", "turboquant:center=true"], "center=true")):
         p = subprocess.run([sys.executable, "-c", "from veloxquant.cli import main; main()", "serve", *args],
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and msg in p.stderr, p.stderr
+
+
+def test_generate_refuses_mlx_kv_flags_and_bad_models():
+    "`veloxquant generate`: mlx-lm's own KV flags (also abbreviated) and missing models (both --model forms) exit 2."
+    for args, msg in ((["--kv-bits", "4"], "--kv-bits configures"), (["--max-kv", "16"], "--max-kv configures"),
+                      (["--model=/nonexistent"], "no such folder"), (["--model", "/tmp"], "no config.json")):
+        p = subprocess.run([sys.executable, "-c", "from veloxquant.cli import main; main()", "generate", "--prompt", "hi", *args],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and msg in p.stderr, (args, p.stderr[-500:])

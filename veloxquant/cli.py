@@ -9,8 +9,8 @@ import mlx.core as mx
 from .core import KVCacheConfig, compress, decompress, cache_report, method_ids, get_method
 
 # %% auto #0
-__all__ = ['parse_method', 'run_method', 'print_table', 'check_model_arg', 'demo', 'generate_main', 'eval_main', 'benchmark_main',
-           'main']
+__all__ = ['MLX_KV_FLAGS', 'parse_method', 'run_method', 'print_table', 'is_mlx_kv_flag', 'split_model_flag', 'check_model_arg',
+           'demo', 'generate_main', 'eval_main', 'benchmark_main', 'main']
 
 # %% ../nbs/08_cli.ipynb #155d4f6a
 def _value(s: str):
@@ -95,6 +95,22 @@ def print_table(rows: list[dict], file=None) -> None:
     out += [" | ".join(c.ljust(w[i]) for i, c in enumerate(l)) for l in lines]
     print("\n".join(out), file=file)
 
+MLX_KV_FLAGS = ("--kv-bits", "--kv-group-size", "--quantized-kv-start", "--max-kv-size")
+
+def is_mlx_kv_flag(arg: str) -> bool:
+    """True for mlx-lm's own KV-cache flags (`MLX_KV_FLAGS`), also abbreviated as argparse accepts them
+    (`--kv-bit`, `--max-kv`, `--quantized`...): veloxquant's `--method` replaces that cache."""
+    a = arg.split("=")[0]
+    return a.startswith("--") and len(a) > 4 and any(f.startswith(a) for f in MLX_KV_FLAGS) \
+        and (a.startswith(("--kv", "--quantized", "--max-k")))
+
+def split_model_flag(args: list[str]) -> list[str]:
+    "`['--model=X', ...]` -> `['--model', 'X', ...]` so the model argument is checked and resolved in one form."
+    out = []
+    for a in args:
+        out += ["--model", a.split("=", 1)[1]] if a.startswith("--model=") else [a]
+    return out
+
 def check_model_arg(model_path) -> None:
     """`ValueError` unless `model_path` is None, a name in `veloxquant.models.NAMED_MODELS`, an existing folder with
     a `config.json` (an mlx_lm model folder), or something shaped like a hub id (`org/name`)."""
@@ -167,7 +183,8 @@ def generate_main(argv):
         compress(res[0], config)
         return res
     g.load = load
-    refused = [a.split("=")[0] for a in rest if a.split("=")[0] in ("--kv-bits", "--kv-group-size", "--quantized-kv-start", "--max-kv-size")]
+    rest = split_model_flag(rest)
+    refused = [a.split("=")[0] for a in rest if is_mlx_kv_flag(a)]
     if refused:
         print(f"veloxquant generate: error: {refused[0]} configures mlx-lm's own KV cache, which --method replaces "
               "(it would be ignored); choose the cache with --method, e.g. --method affine:key_bits=4,value_bits=4", file=sys.stderr)

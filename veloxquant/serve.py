@@ -116,7 +116,14 @@ def serve_main(argv: list[str]) -> None:
         config = parse_method(ns.method)
     except ValueError as e:
         print(f"veloxquant serve: error: {e}", file=sys.stderr); sys.exit(2)
-    bad = [a for a in rest if a.split("=")[0] in ("--kv-bits", "--kv-group-size", "--quantized-kv-start")]
+    from veloxquant.cli import is_mlx_kv_flag, split_model_flag
+    rest = split_model_flag(rest)
+    bad = [a for a in rest if is_mlx_kv_flag(a)]
+    opts = config.to_dict()
+    if opts.get("sinks") or (opts.get("method") == "turboquant" and opts.get("center")):
+        what = "sinks>0" if opts.get("sinks") else "center=true"
+        print(f"veloxquant serve: error: {ns.method!r} uses {what}, which the batch cache of continuous batching does not "
+              "support yet; use sinks=0 / center=false", file=sys.stderr); sys.exit(2)
     if bad:
         print(f"veloxquant serve: error: {bad[0].split('=')[0]} is mlx-lm's own KV quantization (it turns batching off); "
               "choose the cache with --method instead", file=sys.stderr); sys.exit(2)
