@@ -41,3 +41,15 @@ def test_parse_method_values():
     assert parse_method("fp16:reference=true").options.reference is True
     with pytest.raises(ValueError, match="unknown option"):
         parse_method("affine:bitz=3")
+
+
+def test_benchmark_cli_exit_codes():
+    "`veloxquant benchmark`: a tiny run exits 0 (no records dumped by sys.exit); malformed or out-of-range lists exit 2."
+    import subprocess, sys
+    run = lambda *a: subprocess.run([sys.executable, "-c", "import sys; from veloxquant.cli import main; sys.exit(main())", "benchmark", *a],
+                                    capture_output=True, text=True, timeout=300)
+    ok = run("--seq-lens", "64", "--batches", "1", "--head-dims", "64", "--repeats", "2")
+    assert ok.returncode == 0 and "'decode'" not in ok.stderr, ok.stderr[-500:]
+    for args, msg in ((["--seq-lens", "abc"], "expected comma-separated integers"), (["--batches", "0"], "out of range")):
+        p = run(*args)
+        assert p.returncode == 2 and msg in p.stderr, p.stderr[-500:]

@@ -10,7 +10,7 @@ from .core import KVCacheConfig, compress, decompress, cache_report, method_ids,
 
 # %% auto #0
 __all__ = ['MLX_KV_FLAGS', 'parse_method', 'run_method', 'print_table', 'is_mlx_kv_flag', 'split_model_flag', 'check_model_arg',
-           'demo', 'generate_main', 'eval_main', 'benchmark_main', 'main']
+           'demo', 'generate_main', 'eval_main', 'int_list', 'benchmark_main', 'main']
 
 # %% ../nbs/08_cli.ipynb #155d4f6a
 def _value(s: str):
@@ -212,19 +212,31 @@ def eval_main(a) -> list[dict]:
                        _csv(a.niah_depths, float) or (0.1, 0.5, 0.9), a.out, charts=not a.no_charts, progress=not a.no_progress)
 
 # %% ../nbs/08_cli.ipynb #6847530c
+def int_list(name: str, lo: int, hi: int):
+    "An argparse `type`: comma-separated integers in [lo, hi] (argparse turns the `ValueError` into a clean usage error)."
+    def parse(s: str) -> list[int]:
+        try: xs = [int(x) for x in s.split(",") if x.strip()]
+        except ValueError: raise argparse.ArgumentTypeError(f"{name}={s!r}: expected comma-separated integers")
+        if not xs or any(not lo <= x <= hi for x in xs):
+            raise argparse.ArgumentTypeError(f"{name}={s!r} is out of range; allowed: integers in [{lo}, {hi}]")
+        return xs
+    return parse
+
 def benchmark_main(argv):
     "`veloxquant benchmark [--seq-lens ...] [--batches ...] [--head-dims ...] [--append] [--generate] [--out FILE]`."
     from veloxquant.kernels import benchmark_decode, print_benchmark, benchmark_generate, benchmark_append, benchmark_sign_scores
     p = argparse.ArgumentParser(prog="veloxquant benchmark", description="decode-attention latency and bandwidth")
-    p.add_argument("--seq-lens", default="1024,4096,16384,32768,131072"); p.add_argument("--batches", default="1,8")
-    p.add_argument("--head-dims", default="64,128"); p.add_argument("--bits", type=int, default=4, choices=(2, 4, 8))
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--seq-lens", type=int_list("seq_lens", 1, 1 << 20), default="1024,4096,16384,32768,131072")
+    p.add_argument("--batches", type=int_list("batches", 1, 256), default="1,8")
+    p.add_argument("--head-dims", type=int_list("head_dims", 64, 128), default="64,128")
+    p.add_argument("--bits", type=int, default=4, choices=(2, 4, 8))
+    p.add_argument("--repeats", type=int_list("repeats", 1, 10000), default="20")
     p.add_argument("--append", action="store_true", help="also the fused append (affine, turboquant) and qjl sign-scoring kernels vs their references (GPU)")
     p.add_argument("--generate", action="store_true",
                    help="also end-to-end decode on a random Llama-3.1-8B-shaped model at 8k and 32k (GPU)")
     p.add_argument("--out", default=None, help="write the records as JSON here")
     a = p.parse_args(argv)
-    rows = benchmark_decode(_csv(a.seq_lens, int), _csv(a.batches, int), _csv(a.head_dims, int), bits=a.bits, repeats=a.repeats)
+    rows = benchmark_decode(a.seq_lens, a.batches, a.head_dims, bits=a.bits, repeats=a.repeats[0])
     print("one step per evaluation:"); print_benchmark(rows)
     print("back-to-back steps (per-step GPU time):"); print_benchmark(rows, pipelined=True)
     res = {"decode": rows}
@@ -241,7 +253,8 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     _maybe_reexec_with_openblas(argv)
     if argv and argv[0] == "generate": return generate_main(argv[1:])
-    if argv and argv[0] == "benchmark": return benchmark_main(argv[1:])
+    if argv and argv[0] == "benchmark":  # the console script passes main()'s return value to sys.exit: return None
+        benchmark_main(argv[1:]); return None
     if argv and argv[0] == "serve":
         from veloxquant.serve import serve_main
         return serve_main(argv[1:])
