@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_int, check_bool
 from ..cache import VQCache
-from .q8_0 import QK, BlockCodec, block_absmax, safe_inv
+from .q8_0 import QK, BlockCodec, BlockFormatConfig, block_absmax, block_format_factory, safe_inv
 
 # %% auto #0
 __all__ = ['METHOD', 'STANDARD_SETTINGS', 'Q4_0Codec', 'Q4_0Config']
@@ -24,21 +24,10 @@ class Q4_0Codec(BlockCodec):
         return d, q.astype(mx.uint32).reshape(x.shape)
 
 @dataclass
-class Q4_0Config(MethodConfig):
-    """Options of `q4_0`: `window` ≥ 0 most recent tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `hadamard` (bool) rotates
-    keys and values by a randomized Hadamard matrix on head_dim (seed `seed` ≥ 0) before quantizing,
-    as llama.cpp's newer KV-cache rotation."""
-    window: int = 0
-    sinks: int = 0
-    hadamard: bool = False
-    seed: int = 0
-    def validate(self):
-        check_int("window", self.window, 0); check_int("sinks", self.sinks, 0); check_bool("hadamard", self.hadamard); check_int("seed", self.seed, 0)
+class Q4_0Config(BlockFormatConfig):
+    "Options of `q4_0` (see `BlockFormatConfig`: window, sinks, hadamard, seed)."
 
-def _make(config: KVCacheConfig):
-    cfg = config.options
-    codecs = lambda kd, vd: (Q4_0Codec(kd, cfg.hadamard, cfg.seed), Q4_0Codec(vd, cfg.hadamard, cfg.seed))
-    return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
+_make = block_format_factory(Q4_0Codec)
 
 METHOD = register_method("q4_0", Q4_0Config, _make,
                          "llama.cpp q4_0: 32-element blocks, fp16 signed scale max/−8, 4-bit codes (4.5 bits); optional Hadamard rotation")

@@ -12,7 +12,8 @@ from ..quant import rotation, pack_bits
 from .. import kernels
 
 # %% auto #0
-__all__ = ['QK', 'METHOD', 'STANDARD_SETTINGS', 'block_absmax', 'roundf', 'safe_inv', 'BlockCodec', 'Q8_0Codec', 'Q8_0Config']
+__all__ = ['QK', 'METHOD', 'STANDARD_SETTINGS', 'block_absmax', 'roundf', 'safe_inv', 'BlockCodec', 'Q8_0Codec',
+           'BlockFormatConfig', 'block_format_factory', 'Q8_0Config']
 
 # %% ../../nbs/methods/q8_0.ipynb #7f6069e3
 QK = 32  # llama.cpp's block size for q8_0 / q4_0
@@ -112,9 +113,11 @@ class Q8_0Codec(BlockCodec):
         return d, (q + 128).astype(mx.uint32).reshape(x.shape)
 
 @dataclass
-class Q8_0Config(MethodConfig):
-    """Options of `q8_0`: `window` ≥ 0 most recent tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `hadamard` (bool) rotates
-    keys and values by a randomized Hadamard matrix (seed `seed` ≥ 0) before quantizing."""
+class BlockFormatConfig(MethodConfig):
+    """Options shared by the llama.cpp block formats (`q8_0`, `q4_0`): `window` ≥ 0 most recent tokens kept in fp16;
+    `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `hadamard` (bool) rotates
+    keys and values by a randomized Hadamard matrix on head_dim (seed `seed` ≥ 0) before quantizing, as llama.cpp's
+    newer KV-cache rotation. Bad values raise `ValueError` naming the field."""
     window: int = 0
     sinks: int = 0
     hadamard: bool = False
@@ -122,10 +125,19 @@ class Q8_0Config(MethodConfig):
     def validate(self):
         check_int("window", self.window, 0); check_int("sinks", self.sinks, 0); check_bool("hadamard", self.hadamard); check_int("seed", self.seed, 0)
 
-def _make(config: KVCacheConfig):
-    cfg = config.options
-    codecs = lambda kd, vd: (Q8_0Codec(kd, cfg.hadamard, cfg.seed), Q8_0Codec(vd, cfg.hadamard, cfg.seed))
-    return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
+def block_format_factory(codec_cls):
+    "The cache factory of a block format: `codec_cls(head_dim, hadamard, seed)` for keys and values, `VQCache` storage."
+    def make(config: KVCacheConfig):
+        cfg = config.options
+        codecs = lambda kd, vd: (codec_cls(kd, cfg.hadamard, cfg.seed), codec_cls(vd, cfg.hadamard, cfg.seed))
+        return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
+    return make
+
+@dataclass
+class Q8_0Config(BlockFormatConfig):
+    "Options of `q8_0` (see `BlockFormatConfig`)."
+
+_make = block_format_factory(Q8_0Codec)
 
 METHOD = register_method("q8_0", Q8_0Config, _make, "llama.cpp q8_0: 32-element blocks, fp16 scale amax/127, int8 codes (8.5 bits)")
 STANDARD_SETTINGS = [dict(), dict(hadamard=True)]
