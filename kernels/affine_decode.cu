@@ -1,5 +1,6 @@
 #include <cooperative_groups.h>
 #include <cstdint>
+#include <cuda/std/array>
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -38,19 +39,53 @@ template <> __device__ __forceinline__ __nv_bfloat16 vq_from_float<__nv_bfloat16
 #define vq_load4(p, i) (*reinterpret_cast<const uint4*>((p) + (i)))
 #define vq_lds4(a, i) (*reinterpret_cast<const float4*>(&(a)[i]))
 #define VQ_NEG_INF (-__int_as_float(0x7f800000))
+typedef __half2 vq_h2;
+#define VQ_FN __device__ __forceinline__
+#define VQ_THREAD
+VQ_FN vq_h2 vq_h2_bits(uint u) { union { uint u; __half2 h; } x; x.u = u; return x.h; }
+VQ_FN uint vq_bits_h2(vq_h2 h) { union { uint u; __half2 h; } x; x.h = h; return x.u; }
+VQ_FN float2 vq_h2_float2(uint u) { return __half22float2(vq_h2_bits(u)); }
+#define vq_h2_fma(a, b, c) __hfma2((a), (b), (c))
+#define vq_h2_sub(a, b) __hsub2((a), (b))
+#define vq_h2_splat(x) __float2half2_rn(x)
+#define vq_h2_pair(lo, hi) __floats2half2_rn((lo), (hi))
+#define vq_byte_perm(a, b, s) __byte_perm((a), (b), (s))
+#define vq_exp2(x) exp2f(x)
+#define vq_load1(p, i) (*reinterpret_cast<const uint*>((p) + (i)))
+VQ_FN void vq_mma16816(float* c, const uint* a, uint b0, uint b1, uint lane) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+VQ_FN void vq_mma16816_emul(VQ_THREAD float* c, VQ_THREAD const uint* a, uint b0, uint b1, uint lane) {
+  const uint g = lane / 4, t = lane % 4;
+  for (uint kk = 0; kk < 4; kk++) {
+    const float2 a0 = vq_h2_float2(vq_simd_shuffle(a[0], g * 4 + kk)), a1 = vq_h2_float2(vq_simd_shuffle(a[1], g * 4 + kk));
+    const float2 a2 = vq_h2_float2(vq_simd_shuffle(a[2], g * 4 + kk)), a3 = vq_h2_float2(vq_simd_shuffle(a[3], g * 4 + kk));
+    const float2 x0 = vq_h2_float2(vq_simd_shuffle(b0, 8 * t + kk)), x1 = vq_h2_float2(vq_simd_shuffle(b1, 8 * t + kk));
+    const float2 y0 = vq_h2_float2(vq_simd_shuffle(b0, 8 * t + 4 + kk)), y1 = vq_h2_float2(vq_simd_shuffle(b1, 8 * t + 4 + kk));
+    c[0] += a0.x * x0.x + a0.y * x0.y + a2.x * x1.x + a2.y * x1.y;
+    c[1] += a0.x * y0.x + a0.y * y0.y + a2.x * y1.x + a2.y * y1.y;
+    c[2] += a1.x * x0.x + a1.y * x0.y + a3.x * x1.x + a3.y * x1.y;
+    c[3] += a1.x * y0.x + a1.y * y0.y + a3.x * y1.x + a3.y * y1.y;
+  }
+}
 namespace mlx::core::cu {
 
 namespace cg = cooperative_groups;
+using Shape = cuda::std::array<int32_t, 8>;  // as MLX's device/utils.cuh
 
 __global__ void vq_affine_decode(
     const __half* q,
     const uint32_t* kw,
+    const __grid_constant__ Shape kw_shape,
     const __half* ks,
     const __half* kb,
     const uint32_t* vw,
     const __half* vs,
     const __half* vb,
-    const int32_t* params,
+    const uint8_t* nref,
+    const __grid_constant__ Shape nref_shape,
     float* out_m,
     float* out_l,
     float* out_acc) {
@@ -60,13 +95,16 @@ __global__ void vq_affine_decode(
   constexpr int G = 64;
   constexpr int REP = 4;
   constexpr int NW = 4;
+  constexpr int SPLIT = 512;
+  constexpr int SCALE = 1035273459;
 
 const uint vq_lane = threadIdx.x % 32, vq_warp = threadIdx.x / 32, vq_tid = threadIdx.x;
 const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
 
 // q: [ROWS, D] queries in the model dtype (unscaled), ROWS = B*Hkv*REP; kw/vw: [B*Hkv, CAP, D*KBITS/32 | D*VBITS/32]
 // uint32 codes (mx.quantize layout, LSB first); ks, kb, vs, vb: [B*Hkv, CAP, D/G] fp16 scales/biases;
-// params: [n, cap, split, E, has_sinks, float bits of the softmax scale].
+// nref: any array of shape [n] (n = tokens to attend; only its shape is read); template SPLIT (tokens per chunk),
+// SCALE (float bits of the softmax scale).
 // Out m, l: [ROWS, NS]; acc: [ROWS, NS, D] (unnormalised), NS = ceil(n / split).
 constexpr int NG = D / G, KWPT = D * KBITS / 32, VWPT = D * VBITS / 32;
 constexpr int KPW = 32 / KBITS, VPW = 32 / VBITS;
@@ -77,8 +115,8 @@ VQ_SHARED_A16 float qs[REP * D];
 VQ_SHARED float qg[REP * NG];
 VQ_SHARED float wm[NW * REP], wl[NW * REP];
 VQ_SHARED float wacc[NW * REP * D];
-const int n = params[0], cap = params[1], split = params[2];
-const float scale = vq_as_float(params[5]);
+const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
+const float scale = vq_as_float(SCALE);
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 const int t0 = chunk * split, t1 = min(n, t0 + split);
 for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;

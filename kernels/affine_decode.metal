@@ -20,6 +20,38 @@
 #define vq_lds4(a, i) (*((const threadgroup float4*)(&(a)[i])))
 typedef half vq_half;
 #define VQ_NEG_INF (-INFINITY)
+typedef half2 vq_h2;
+#define VQ_FN inline
+#define VQ_THREAD thread
+VQ_FN vq_h2 vq_h2_bits(uint u) { return as_type<half2>(u); }
+VQ_FN uint vq_bits_h2(vq_h2 h) { return as_type<uint>(h); }
+VQ_FN float2 vq_h2_float2(uint u) { return float2(as_type<half2>(u)); }
+#define vq_h2_fma(a, b, c) fma((a), (b), (c))
+#define vq_h2_sub(a, b) ((a) - (b))
+#define vq_h2_splat(x) half2(half(x))
+#define vq_h2_pair(lo, hi) half2(half(lo), half(hi))
+VQ_FN uint vq_byte_perm(uint a, uint b, uint s) {
+  uint r = 0u;
+  for (uint i = 0; i < 4; i++) { const uint k = (s >> (4 * i)) & 7u; r |= (((k < 4 ? a : b) >> (8 * (k & 3u))) & 0xffu) << (8 * i); }
+  return r;
+}
+#define vq_exp2(x) exp2(x)
+#define vq_load1(p, i) (*((const device uint*)((p) + (i))))
+#define vq_mma16816(c, a, b0, b1, lane) vq_mma16816_emul(c, a, b0, b1, lane)
+
+VQ_FN void vq_mma16816_emul(VQ_THREAD float* c, VQ_THREAD const uint* a, uint b0, uint b1, uint lane) {
+  const uint g = lane / 4, t = lane % 4;
+  for (uint kk = 0; kk < 4; kk++) {
+    const float2 a0 = vq_h2_float2(vq_simd_shuffle(a[0], g * 4 + kk)), a1 = vq_h2_float2(vq_simd_shuffle(a[1], g * 4 + kk));
+    const float2 a2 = vq_h2_float2(vq_simd_shuffle(a[2], g * 4 + kk)), a3 = vq_h2_float2(vq_simd_shuffle(a[3], g * 4 + kk));
+    const float2 x0 = vq_h2_float2(vq_simd_shuffle(b0, 8 * t + kk)), x1 = vq_h2_float2(vq_simd_shuffle(b1, 8 * t + kk));
+    const float2 y0 = vq_h2_float2(vq_simd_shuffle(b0, 8 * t + 4 + kk)), y1 = vq_h2_float2(vq_simd_shuffle(b1, 8 * t + 4 + kk));
+    c[0] += a0.x * x0.x + a0.y * x0.y + a2.x * x1.x + a2.y * x1.y;
+    c[1] += a0.x * y0.x + a0.y * y0.y + a2.x * y1.x + a2.y * y1.y;
+    c[2] += a1.x * x0.x + a1.y * x0.y + a3.x * x1.x + a3.y * x1.y;
+    c[3] += a1.x * y0.x + a1.y * y0.y + a3.x * y1.x + a3.y * y1.y;
+  }
+}
 
 // vq_affine_decode: body (MLX generates the [[kernel]] signature)
 const uint vq_lane = thread_index_in_simdgroup, vq_warp = simdgroup_index_in_threadgroup;
@@ -28,7 +60,8 @@ const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup
 
 // q: [ROWS, D] queries in the model dtype (unscaled), ROWS = B*Hkv*REP; kw/vw: [B*Hkv, CAP, D*KBITS/32 | D*VBITS/32]
 // uint32 codes (mx.quantize layout, LSB first); ks, kb, vs, vb: [B*Hkv, CAP, D/G] fp16 scales/biases;
-// params: [n, cap, split, E, has_sinks, float bits of the softmax scale].
+// nref: any array of shape [n] (n = tokens to attend; only its shape is read); template SPLIT (tokens per chunk),
+// SCALE (float bits of the softmax scale).
 // Out m, l: [ROWS, NS]; acc: [ROWS, NS, D] (unnormalised), NS = ceil(n / split).
 constexpr int NG = D / G, KWPT = D * KBITS / 32, VWPT = D * VBITS / 32;
 constexpr int KPW = 32 / KBITS, VPW = 32 / VBITS;
@@ -39,8 +72,8 @@ VQ_SHARED_A16 float qs[REP * D];
 VQ_SHARED float qg[REP * NG];
 VQ_SHARED float wm[NW * REP], wl[NW * REP];
 VQ_SHARED float wacc[NW * REP * D];
-const int n = params[0], cap = params[1], split = params[2];
-const float scale = vq_as_float(params[5]);
+const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
+const float scale = vq_as_float(SCALE);
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 const int t0 = chunk * split, t1 = min(n, t0 + split);
 for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;

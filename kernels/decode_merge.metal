@@ -20,6 +20,38 @@
 #define vq_lds4(a, i) (*((const threadgroup float4*)(&(a)[i])))
 typedef half vq_half;
 #define VQ_NEG_INF (-INFINITY)
+typedef half2 vq_h2;
+#define VQ_FN inline
+#define VQ_THREAD thread
+VQ_FN vq_h2 vq_h2_bits(uint u) { return as_type<half2>(u); }
+VQ_FN uint vq_bits_h2(vq_h2 h) { return as_type<uint>(h); }
+VQ_FN float2 vq_h2_float2(uint u) { return float2(as_type<half2>(u)); }
+#define vq_h2_fma(a, b, c) fma((a), (b), (c))
+#define vq_h2_sub(a, b) ((a) - (b))
+#define vq_h2_splat(x) half2(half(x))
+#define vq_h2_pair(lo, hi) half2(half(lo), half(hi))
+VQ_FN uint vq_byte_perm(uint a, uint b, uint s) {
+  uint r = 0u;
+  for (uint i = 0; i < 4; i++) { const uint k = (s >> (4 * i)) & 7u; r |= (((k < 4 ? a : b) >> (8 * (k & 3u))) & 0xffu) << (8 * i); }
+  return r;
+}
+#define vq_exp2(x) exp2(x)
+#define vq_load1(p, i) (*((const device uint*)((p) + (i))))
+#define vq_mma16816(c, a, b0, b1, lane) vq_mma16816_emul(c, a, b0, b1, lane)
+
+VQ_FN void vq_mma16816_emul(VQ_THREAD float* c, VQ_THREAD const uint* a, uint b0, uint b1, uint lane) {
+  const uint g = lane / 4, t = lane % 4;
+  for (uint kk = 0; kk < 4; kk++) {
+    const float2 a0 = vq_h2_float2(vq_simd_shuffle(a[0], g * 4 + kk)), a1 = vq_h2_float2(vq_simd_shuffle(a[1], g * 4 + kk));
+    const float2 a2 = vq_h2_float2(vq_simd_shuffle(a[2], g * 4 + kk)), a3 = vq_h2_float2(vq_simd_shuffle(a[3], g * 4 + kk));
+    const float2 x0 = vq_h2_float2(vq_simd_shuffle(b0, 8 * t + kk)), x1 = vq_h2_float2(vq_simd_shuffle(b1, 8 * t + kk));
+    const float2 y0 = vq_h2_float2(vq_simd_shuffle(b0, 8 * t + 4 + kk)), y1 = vq_h2_float2(vq_simd_shuffle(b1, 8 * t + 4 + kk));
+    c[0] += a0.x * x0.x + a0.y * x0.y + a2.x * x1.x + a2.y * x1.y;
+    c[1] += a0.x * y0.x + a0.y * y0.y + a2.x * y1.x + a2.y * y1.y;
+    c[2] += a1.x * x0.x + a1.y * x0.y + a3.x * x1.x + a3.y * x1.y;
+    c[3] += a1.x * y0.x + a1.y * y0.y + a3.x * y1.x + a3.y * y1.y;
+  }
+}
 
 // vq_decode_merge: body (MLX generates the [[kernel]] signature)
 const uint vq_lane = thread_index_in_simdgroup, vq_warp = simdgroup_index_in_threadgroup;
@@ -27,14 +59,14 @@ const uint vq_tid = thread_position_in_threadgroup.x;
 const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup_position_in_grid.y;
 
 // pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, E, D];
-// sinks: [ROWS] float32 (read only when has_sinks); params as the decode kernel. out: [ROWS, D] in OT.
+// sinks: [ROWS] float32 (read only when HS); template SCALE as the decode kernels. out: [ROWS, D] in OT.
 // One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
 constexpr int DPL = D / 32;
 VQ_SHARED float wl[NW], wacc[NW * D];
 const int row = vq_group_x, kv = row / REP;
-const int n = params[0], split = params[2], E = params[3], has_sinks = params[4];
-const int ns = (n + split - 1) / split;
-const float scale = vq_as_float(params[5]);
+const int E = ek_shape[2], has_sinks = HS;
+const int ns = pm_shape[1];
+const float scale = vq_as_float(SCALE);
 float qv[DPL], acc[DPL];
 VQ_UNROLL
 for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; }

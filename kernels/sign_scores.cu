@@ -1,5 +1,6 @@
 #include <cooperative_groups.h>
 #include <cstdint>
+#include <cuda/std/array>
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -38,9 +39,41 @@ template <> __device__ __forceinline__ __nv_bfloat16 vq_from_float<__nv_bfloat16
 #define vq_load4(p, i) (*reinterpret_cast<const uint4*>((p) + (i)))
 #define vq_lds4(a, i) (*reinterpret_cast<const float4*>(&(a)[i]))
 #define VQ_NEG_INF (-__int_as_float(0x7f800000))
+typedef __half2 vq_h2;
+#define VQ_FN __device__ __forceinline__
+#define VQ_THREAD
+VQ_FN vq_h2 vq_h2_bits(uint u) { union { uint u; __half2 h; } x; x.u = u; return x.h; }
+VQ_FN uint vq_bits_h2(vq_h2 h) { union { uint u; __half2 h; } x; x.h = h; return x.u; }
+VQ_FN float2 vq_h2_float2(uint u) { return __half22float2(vq_h2_bits(u)); }
+#define vq_h2_fma(a, b, c) __hfma2((a), (b), (c))
+#define vq_h2_sub(a, b) __hsub2((a), (b))
+#define vq_h2_splat(x) __float2half2_rn(x)
+#define vq_h2_pair(lo, hi) __floats2half2_rn((lo), (hi))
+#define vq_byte_perm(a, b, s) __byte_perm((a), (b), (s))
+#define vq_exp2(x) exp2f(x)
+#define vq_load1(p, i) (*reinterpret_cast<const uint*>((p) + (i)))
+VQ_FN void vq_mma16816(float* c, const uint* a, uint b0, uint b1, uint lane) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+VQ_FN void vq_mma16816_emul(VQ_THREAD float* c, VQ_THREAD const uint* a, uint b0, uint b1, uint lane) {
+  const uint g = lane / 4, t = lane % 4;
+  for (uint kk = 0; kk < 4; kk++) {
+    const float2 a0 = vq_h2_float2(vq_simd_shuffle(a[0], g * 4 + kk)), a1 = vq_h2_float2(vq_simd_shuffle(a[1], g * 4 + kk));
+    const float2 a2 = vq_h2_float2(vq_simd_shuffle(a[2], g * 4 + kk)), a3 = vq_h2_float2(vq_simd_shuffle(a[3], g * 4 + kk));
+    const float2 x0 = vq_h2_float2(vq_simd_shuffle(b0, 8 * t + kk)), x1 = vq_h2_float2(vq_simd_shuffle(b1, 8 * t + kk));
+    const float2 y0 = vq_h2_float2(vq_simd_shuffle(b0, 8 * t + 4 + kk)), y1 = vq_h2_float2(vq_simd_shuffle(b1, 8 * t + 4 + kk));
+    c[0] += a0.x * x0.x + a0.y * x0.y + a2.x * x1.x + a2.y * x1.y;
+    c[1] += a0.x * y0.x + a0.y * y0.y + a2.x * y1.x + a2.y * y1.y;
+    c[2] += a1.x * x0.x + a1.y * x0.y + a3.x * x1.x + a3.y * x1.y;
+    c[3] += a1.x * y0.x + a1.y * y0.y + a3.x * y1.x + a3.y * y1.y;
+  }
+}
 namespace mlx::core::cu {
 
 namespace cg = cooperative_groups;
+using Shape = cuda::std::array<int32_t, 8>;  // as MLX's device/utils.cuh
 
 __global__ void vq_sign_scores(
     const float* u,

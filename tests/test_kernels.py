@@ -55,8 +55,36 @@ def test_cpu_has_no_kernel_backend():
 def test_decode_split():
     for n, rows in [(1, 8), (1000, 8), (32768, 8), (32768, 64), (131072, 64), (10 ** 6, 1)]:
         s = kernels.decode_split(n, rows, warps=4)
-        assert s % 128 == 0 and 128 <= s <= 8192
+        assert s % 128 == 0 and 128 <= s <= 8192 and s & (s - 1) == 0  # a power of two: few compiled chunk sizes
         assert -(-n // s) * rows <= max(kernels.DECODE_TARGET_GROUPS, rows) or s == 8192
+
+
+def test_length_reference_is_a_view():
+    "The decode kernels read the token count from the shape of `_nref(n)`: a prefix of one cached buffer, never uploaded."
+    for n in (1, 1000, 1024, 1025, 70000):
+        r = kernels._nref(n)
+        assert r.shape == (n,) and r.dtype == mx.uint8
+    assert kernels._nref(3).shape == (3,) and kernels._length_buffer.cache_info().currsize <= 4
+
+
+def test_mma_support_rules(monkeypatch):
+    monkeypatch.setattr(kernels, "backend", lambda: "cuda")
+    ok = kernels.mma_decode_supported
+    assert ok(128, 4, 4, 64, 4) and ok(64, 4, 4, 64, 3) and ok(128, 4, 4, 128, 16) and ok(64, 4, 4, 32, 8)
+    assert not ok(128, 4, 4, 32, 4)       # four groups per head
+    assert not ok(128, 4, 4, 64, 9)       # two groups hold at most 8 query heads
+    assert not ok(128, 2, 4, 64, 4) and not ok(256, 4, 4, 128, 4) and not ok(128, 4, 4, 128, 17)
+    monkeypatch.setattr(kernels, "backend", lambda: "metal")
+    assert not ok(128, 4, 4, 64, 4)       # Metal keeps the scalar kernel (its mma is the shuffle emulation)
+
+
+def test_mma_kernel_source_names_shapes():
+    "Both decode bodies take the token count and capacity from input shapes, not from a host-built params array."
+    for body in (kernels.AFFINE_DECODE_BODY, kernels.AFFINE_MMA_DECODE_BODY):
+        assert "nref_shape[0]" in body and "kw_shape[2]" in body and "params" not in body
+    src = kernels.cuda_source("x", kernels.AFFINE_MMA_DECODE_BODY, template=kernels.KERNELS["affine_mma_decode"][3], **kernels.AFFINE_DECODE_CU_TYPES)
+    assert "const __grid_constant__ Shape nref_shape" in src and "const __grid_constant__ Shape kw_shape" in src
+    assert "mma.sync.aligned.m16n8k16" in kernels.COMPAT_CUDA and "vq_mma16816_emul" in kernels.COMPAT_METAL
 
 
 def _popcount(x):
@@ -99,7 +127,8 @@ def _reference(q, kd, vd, n, kbits, vbits, gs):
 @pytest.mark.parametrize("B,Hkv,rep,D,n,cap,kbits,vbits,gs,warps", [
     (1, 8, 4, 128, 1000, 1024, 4, 4, 64, 4), (2, 2, 3, 64, 777, 1024, 2, 4, 32, 2), (1, 1, 8, 128, 5000, 5120, 8, 8, 128, 8),
     (3, 4, 1, 64, 257, 512, 4, 2, 64, 4), (1, 3, 3, 64, 31, 256, 4, 4, 64, 1), (2, 8, 4, 128, 3000, 3072, 2, 8, 32, 4)])
-def test_fused_decode_parity(B, Hkv, rep, D, n, cap, kbits, vbits, gs, warps):
+@pytest.mark.parametrize("mma", [False, None])
+def test_fused_decode_parity(B, Hkv, rep, D, n, cap, kbits, vbits, gs, warps, mma):
     mx.random.seed(1)
     k = mx.random.normal((B, Hkv, cap, D)).astype(mx.float16); v = mx.random.normal((B, Hkv, cap, D)).astype(mx.float16)
     kd = dict(zip(("w", "scales", "biases"), mx.quantize(k, group_size=gs, bits=kbits)))
@@ -109,9 +138,47 @@ def test_fused_decode_parity(B, Hkv, rep, D, n, cap, kbits, vbits, gs, warps):
     sinks = mx.random.normal((Hkv * rep,))
     kr, vr = _reference(q, kd, vd, n, kbits, vbits, gs)
     ref = mx.fast.scaled_dot_product_attention(q, mx.concatenate([kr, ek], 2), mx.concatenate([vr, ev], 2), scale=D ** -0.5, mask=None, sinks=sinks)
-    part = Partial(lambda qq: kernels.affine_decode_attention(qq, kd, vd, n, kbits, vbits, gs, split=200, warps=warps), n)
+    part = Partial(lambda qq: kernels.affine_decode_attention(qq, kd, vd, n, kbits, vbits, gs, split=200, warps=warps, mma=mma), n)
     out = blockwise_attention(q, n, [part], ek, ev, D ** -0.5, None, sinks)
-    np.testing.assert_allclose(np.array(out), np.array(ref), atol=2e-4, rtol=2e-3)
+    tc = mma is None and kernels.mma_decode_supported(D, kbits, vbits, gs, rep)  # tensor cores: fp16 query and weights
+    np.testing.assert_allclose(np.array(out), np.array(ref), atol=2e-3 if tc else 2e-4, rtol=1e-2 if tc else 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Hkv,rep,D,n,cap,gs,warps,split,emulate,dtype", [
+    (1, 8, 4, 128, 1000, 1024, 64, 4, None, False, mx.float16), (2, 2, 3, 64, 777, 800, 32, 2, 200, False, mx.bfloat16),
+    (1, 1, 16, 128, 5000, 5001, 128, 4, None, False, mx.float16), (3, 4, 1, 64, 257, 512, 64, 1, 64, False, mx.float32),
+    (1, 3, 7, 64, 31, 33, 64, 4, None, False, mx.float16), (2, 8, 4, 128, 3000, 3072, 64, 2, 1024, False, mx.float16),
+    (1, 2, 8, 64, 300, 333, 32, 4, 96, True, mx.float16), (1, 2, 9, 128, 333, 400, 128, 2, None, True, mx.float32),
+    (8, 8, 4, 128, 32768, 32769, 64, None, None, False, mx.float16)])
+def test_mma_decode_parity(B, Hkv, rep, D, n, cap, gs, warps, split, emulate, dtype):
+    """The tensor-core kernel (and, `emulate`, its software product — the Metal path's arithmetic) against float32
+    attention over the dequantized cache: GQA 1–16, one and two groups, head_dim 64/128, lengths and capacities not
+    multiple of the tile, chunk sizes not powers of two, sink logits and an exact window."""
+    mx.random.seed(3)
+    k = (mx.random.normal((B, Hkv, cap, D)) * 2 + 0.5).astype(mx.float16); v = (mx.random.normal((B, Hkv, cap, D)) + 0.3).astype(mx.float16)
+    kd = dict(zip(("w", "scales", "biases"), mx.quantize(k, group_size=gs, bits=4)))
+    vd = dict(zip(("w", "scales", "biases"), mx.quantize(v, group_size=gs, bits=4)))
+    q = (mx.random.normal((B, Hkv * rep, 1, D)) * 2).astype(dtype)
+    ek, ev = mx.random.normal((B, Hkv, 2, D)).astype(dtype), mx.random.normal((B, Hkv, 2, D)).astype(dtype)
+    sinks = mx.random.normal((Hkv * rep,))
+    kr, vr = _reference(q, kd, vd, n, 4, 4, gs)
+    ref = mx.fast.scaled_dot_product_attention(q.astype(mx.float32), mx.concatenate([kr, ek.astype(mx.float32)], 2),
+                                               mx.concatenate([vr, ev.astype(mx.float32)], 2), scale=D ** -0.5, mask=None, sinks=sinks)
+    out = kernels.affine_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sinks, 4, 4, gs, split=split, warps=warps, mma=True, emulate=emulate)
+    assert out.dtype == dtype and out.shape == (B, Hkv * rep, 1, D)
+    # fp16 products (query, softmax weights) and fp16 outputs: errors ~1e-3 of the output scale
+    np.testing.assert_allclose(np.array(out.astype(mx.float32)), np.array(ref), atol=1e-2, rtol=1e-2)
+    err = float(mx.abs(out.astype(mx.float32) - ref).max()); scalar = kernels.affine_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sinks, 4, 4, gs, mma=False)
+    assert err <= 3 * float(mx.abs(scalar.astype(mx.float32) - ref).max()) + 2e-3   # no worse than the float32 scalar kernel, within fp16 rounding
+
+
+@pytest.mark.gpu
+def test_mma_refuses_unsupported_layouts():
+    kd = dict(zip(("w", "scales", "biases"), mx.quantize(mx.zeros((1, 1, 64, 128), mx.float16), group_size=32, bits=4)))
+    with pytest.raises(ValueError, match="tensor-core"):
+        kernels.affine_fused_decode(mx.zeros((1, 4, 1, 128), mx.float16), kd, kd, 10, mx.zeros((1, 1, 1, 128), mx.float16),
+                                    mx.zeros((1, 1, 1, 128), mx.float16), 1.0, None, 4, 4, 32, mma=True)
 
 
 @pytest.mark.gpu
@@ -133,7 +200,8 @@ def test_fused_decode_end_to_end_parity(B, Hkv, rep, D, n, E, sinks, dtype, spli
                                                mx.concatenate([vr, ev.astype(mx.float32)], 2), scale=D ** -0.5, mask=None, sinks=sk)
     out = kernels.affine_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sk, 4, 4, 64, split=split)
     assert out.dtype == dtype and out.shape == (B, Hkv * rep, 1, D)
-    tol = 2e-4 if dtype == mx.float32 else 2e-2
+    tc = kernels.mma_decode_supported(D, 4, 4, 64, rep)  # the tensor-core kernel rounds the query and the weights to fp16
+    tol = 2e-2 if dtype != mx.float32 else 2e-3 if tc else 2e-4
     np.testing.assert_allclose(np.array(out.astype(mx.float32)), np.array(ref), atol=tol, rtol=tol)
 
 
