@@ -53,6 +53,12 @@ VQ_FN void vq_mma16816_emul(VQ_THREAD float* c, VQ_THREAD const uint* a, uint b0
   }
 }
 
+VQ_FN uint vq_code(VQ_THREAD const uint* w, int bit, int bits) {   // code at bit offset `bit` of an LSB-first word array
+  uint x = w[bit >> 5] >> (bit & 31);
+  if ((bit & 31) + bits > 32) x |= w[(bit >> 5) + 1] << (32 - (bit & 31));
+  return x & ((1u << bits) - 1u);
+}
+
 // vq_decode_merge: body (MLX generates the [[kernel]] signature)
 const uint vq_lane = thread_index_in_simdgroup, vq_warp = simdgroup_index_in_threadgroup;
 const uint vq_tid = thread_position_in_threadgroup.x;

@@ -70,6 +70,12 @@ VQ_FN void vq_mma16816_emul(VQ_THREAD float* c, VQ_THREAD const uint* a, uint b0
     c[3] += a1.x * y0.x + a1.y * y0.y + a3.x * y1.x + a3.y * y1.y;
   }
 }
+
+VQ_FN uint vq_code(VQ_THREAD const uint* w, int bit, int bits) {   // code at bit offset `bit` of an LSB-first word array
+  uint x = w[bit >> 5] >> (bit & 31);
+  if ((bit & 31) + bits > 32) x |= w[(bit >> 5) + 1] << (32 - (bit & 31));
+  return x & ((1u << bits) - 1u);
+}
 namespace mlx::core::cu {
 
 namespace cg = cooperative_groups;

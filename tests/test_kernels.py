@@ -87,6 +87,26 @@ def test_mma_kernel_source_names_shapes():
     assert "mma.sync.aligned.m16n8k16" in kernels.COMPAT_CUDA and "vq_mma16816_emul" in kernels.COMPAT_METAL
 
 
+def test_codebook_pair_table():
+    t = np.array(kernels.codebook_pair_table([-1.5, -0.5, 0.5, 1.5], 2))
+    assert t.shape == (16,) and t.dtype == np.uint32
+    h = lambda x: int(np.array([x], np.float16).view(np.uint16)[0])
+    for x in range(4):
+        for y in range(4):
+            assert t[x | y << 2] == h([-1.5, -0.5, 0.5, 1.5][x]) | h([-1.5, -0.5, 0.5, 1.5][y]) << 16
+    with pytest.raises(ValueError, match="2\\^bits"):
+        kernels.codebook_pair_table([0.0, 1.0, 2.0], 2)
+
+
+def test_tq_decode_support_rules(monkeypatch):
+    monkeypatch.setattr(kernels, "backend", lambda: "cuda")
+    ok = kernels.tq_decode_supported
+    assert ok(128, 3, 3, 4) and ok(64, 1, 4, 16) and ok(128, 2.0, 4, 1)
+    assert not ok(128, 2.5, 3, 4) and not ok(96, 3, 3, 4) and not ok(128, 3, 3, 17) and not ok(128, 5, 3, 4)
+    monkeypatch.setattr(kernels, "backend", lambda: None)
+    assert not ok(128, 3, 3, 4)
+
+
 def _popcount(x):
     return np.unpackbits(x.view(np.uint8), axis=-1).reshape(*x.shape, 32).sum(-1).astype(np.int64)
 
@@ -171,6 +191,49 @@ def test_mma_decode_parity(B, Hkv, rep, D, n, cap, gs, warps, split, emulate, dt
     np.testing.assert_allclose(np.array(out.astype(mx.float32)), np.array(ref), atol=1e-2, rtol=1e-2)
     err = float(mx.abs(out.astype(mx.float32) - ref).max()); scalar = kernels.affine_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sinks, 4, 4, gs, mma=False)
     assert err <= 3 * float(mx.abs(scalar.astype(mx.float32) - ref).max()) + 2e-3   # no worse than the float32 scalar kernel, within fp16 rounding
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Hkv,rep,D,n,kbits,vbits,E,sinks,emulate,dtype", [
+    (1, 8, 4, 128, 1000, 3, 3, 1, False, False, mx.float16), (2, 2, 3, 64, 777, 4, 2, 3, True, False, mx.bfloat16),
+    (1, 1, 16, 128, 513, 1, 4, 1, False, False, mx.float32), (3, 2, 1, 64, 65, 2, 3, 2, True, True, mx.float16),
+    (1, 2, 8, 128, 300, 3, 1, 1, False, True, mx.float32), (8, 8, 4, 128, 20000, 3, 3, 1, False, False, mx.float16)])
+def test_tq_decode_parity(B, Hkv, rep, D, n, kbits, vbits, E, sinks, emulate, dtype):
+    """`tq_fused_decode` (codebook lookups on tensor cores; `emulate`: the software product) against float32 attention
+    over the codecs' own decoding of the same codes: bits 1–4 (3 straddles words), GQA 1–16, head_dim 64/128, sinks."""
+    from veloxquant.methods.turboquant import TurboQuantCodec
+    mx.random.seed(5)
+    kc, vc = TurboQuantCodec(D, kbits, seed=1), TurboQuantCodec(D, vbits, seed=1)
+    k = (mx.random.normal((B, Hkv, n, D)) * 2 + 0.3).astype(mx.float16); v = mx.random.normal((B, Hkv, n, D)).astype(mx.float16)
+    kd, vd = kc.encode(k), vc.encode(v)
+    kd = {a: mx.concatenate([x, mx.zeros((B, Hkv, 7, x.shape[-1]), x.dtype)], 2) for a, x in kd.items()}  # capacity > n
+    vd = {a: mx.concatenate([x, mx.zeros((B, Hkv, 7, x.shape[-1]), x.dtype)], 2) for a, x in vd.items()}
+    q = (mx.random.normal((B, Hkv * rep, 1, D)) * 2).astype(dtype)
+    ek, ev = mx.random.normal((B, Hkv, E, D)).astype(dtype), mx.random.normal((B, Hkv, E, D)).astype(dtype)
+    sk = mx.random.normal((Hkv * rep,)) if sinks else None
+    kr = kc.decode({a: x[:, :, :n] for a, x in kd.items()}); vr = vc.decode({a: x[:, :, :n] for a, x in vd.items()})
+    ref = mx.fast.scaled_dot_product_attention(q.astype(mx.float32), mx.concatenate([kr, ek.astype(mx.float32)], 2),
+                                               mx.concatenate([vr, ev.astype(mx.float32)], 2), scale=D ** -0.5, mask=None, sinks=sk)
+    out = kernels.tq_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sk, kc, vc, emulate=emulate)
+    assert out.dtype == dtype and out.shape == (B, Hkv * rep, 1, D)
+    # fp16 products (query, weights, codebook values); the reference's rotations run in TF32 on CUDA
+    np.testing.assert_allclose(np.array(out.astype(mx.float32)), np.array(ref), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_tq_fused_decode_is_used_in_generation(tiny_model):
+    "turboquant's cache routes decode steps through `tq_fused_decode` on CUDA (and the result matches the reference path)."
+    import veloxquant as vq
+    calls = []
+    orig = kernels.tq_fused_decode
+    try:
+        kernels.tq_fused_decode = lambda *a, **k: calls.append(1) or orig(*a, **k)
+        caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3))
+        tiny_model(mx.array([[5] * 40]), cache=caches)
+        mx.eval(tiny_model(mx.array([[7]]), cache=caches))
+    finally:
+        kernels.tq_fused_decode = orig
+    assert calls
 
 
 @pytest.mark.gpu

@@ -81,9 +81,10 @@ class VQCache(_BaseCache):
     `update_and_fetch` (head dims are known only then). `window` most recent tokens stay in fp16;
     so do the first `sinks` tokens of the sequence (attention sinks: StreamingLLM, Xiao et al. 2023,
     arXiv 2309.17453 §3; KVQuant, Hooper et al. 2024, arXiv 2401.18079 §3.5), never encoded.
-    `fused_decode(head_dim_k, head_dim_v)`, if given, returns a function `(queries, k_arrays, v_arrays,
+    `fused_decode(key_codec, value_codec)`, if given, returns a function `(queries, k_arrays, v_arrays,
     n, exact_keys, exact_values, scale, sinks) -> output` that computes a decode step's attention
-    with fused kernels (see `veloxquant.kernels`), or None where it does not apply.
+    with fused kernels (see `veloxquant.kernels`; the function may return None for a shape it does not
+    take, and the reference path runs), or None where it does not apply.
     `fused_encode(key_codec, value_codec)`, if given, returns a function `(keys, values) -> (key_arrays,
     value_arrays)` that encodes new tokens exactly as the codecs' `encode` would, in fused kernels, or None.
     Keys/values arrive as [B, n_kv_heads, T, head_dim] (keys after RoPE)."""
@@ -94,7 +95,7 @@ class VQCache(_BaseCache):
         check_int("window", window, 0); check_int("sinks", sinks, 0)
         self.config, self._make_codecs, self.window, self.sinks = config, make_codecs, window, sinks
         self.k_sink = self.v_sink = None   # fp16 first `sinks` tokens [B, H, s, D]
-        self.fused_decode = fused_decode  # optional (head_dim_k, head_dim_v) -> fused decode attention or None
+        self.fused_decode = fused_decode  # optional (key_codec, value_codec) -> fused decode attention or None
         self.fused_encode = fused_encode  # optional (key_codec, value_codec) -> fused (keys, values) encoder or None
         self.offset, self.dims = 0, None
         self.k_codec = self.v_codec = None
@@ -181,12 +182,14 @@ class VQCache(_BaseCache):
                                                        scale=scale, mask=mask, sinks=sinks)
         else:
             n = self.k_store.length
-            fused = self.fused_decode(*self.dims) if self.fused_decode is not None else None
+            fused = self.fused_decode(self.k_codec, self.v_codec) if self.fused_decode is not None else None
+            out = None
             if fused is not None and queries.shape[2] == 1 and (mask is None or isinstance(mask, str)):
+                fk, fv = ek, ev
                 if sk:  # one unmasked query: the order of the exact keys does not matter
-                    ek, ev = mx.concatenate([sk[0], ek], axis=2), mx.concatenate([sk[1], ev], axis=2)
-                out = fused(queries, self.k_store.arrays, self.v_store.arrays, n, ek, ev, scale, sinks)
-            else:
+                    fk, fv = mx.concatenate([sk[0], ek], axis=2), mx.concatenate([sk[1], ev], axis=2)
+                out = fused(queries, self.k_store.arrays, self.v_store.arrays, n, fk, fv, scale, sinks)  # None: not this shape
+            if out is None:
                 blocks = self._blocks(self.block_size or block_tokens(queries.shape[2], queries.shape[1]))
                 if sk:  # the sink tokens come first in position order: one exact block before the codes
                     from veloxquant.attention import dense_blocks

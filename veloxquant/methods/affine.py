@@ -58,7 +58,8 @@ class AffineCodec(Codec):
 def _make(config: KVCacheConfig):
     cfg = config.options
     codecs = lambda kd, vd: (AffineCodec(kd, cfg.key_bits, cfg.group_size), AffineCodec(vd, cfg.value_bits, cfg.group_size))
-    def fused(kd, vd):  # the fused decode kernel where it applies (GPU back-end, supported layout)
+    def fused(kc, vc):  # the fused decode kernel where it applies (GPU back-end, supported layout)
+        kd, vd = kc.head_dim, vc.head_dim
         if not (cfg.use_kernels and kd == vd and kernels.affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size)):
             return None
         return lambda queries, k, v, n, ek, ev, scale, sinks: kernels.affine_fused_decode(

@@ -38,8 +38,9 @@ class TurboQuantConfig(MethodConfig):
     same for every key, so the softmax cannot see it; values are not centered);
     `variant` 'mse' (default) or 'prod' (keys: `key_bits − 1` bits MSE + 1-bit QJL sketch of the
     residual, unbiased inner products; values stay 'mse'); `use_kernels`: on a GPU, new tokens are encoded
-    by the fused append kernel of `veloxquant.kernels` where it applies ('mse', integer bits, no centering;
-    False: MLX reference)."""
+    by the fused append kernel of `veloxquant.kernels` and, on CUDA, decode steps attend through its fused
+    decode kernel (`tq_fused_decode`: codebook lookups on tensor cores) where they apply ('mse', integer bits,
+    no centering, head_dim 64/128 for decode; False: MLX reference)."""
     key_bits: float = 3
     value_bits: float = 3
     window: int = 0
@@ -236,7 +237,17 @@ def _make(config: KVCacheConfig):
                 and len(kc.groups) == 1 and len(vc.groups) == 1 and kernels.tq_append_supported(kc.head_dim, kc.bits, vc.bits)):
             return None
         return lambda keys, values: kernels.tq_fused_append(keys, values, kc.R, kc.groups[0][4], vc.groups[0][4])
-    return TurboQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_encode=encode)
+    def decode(kc, vc):  # the fused decode kernel (codebook lookups on tensor cores, CUDA) where it applies
+        from veloxquant import kernels
+        if not (cfg.use_kernels and cfg.variant == "mse" and not cfg.center and kc.head_dim == vc.head_dim
+                and len(kc.groups) == 1 and len(vc.groups) == 1 and kernels.tq_decode_supported(kc.head_dim, kc.bits, vc.bits, 1)):
+            return None
+        def run(queries, k, v, n, ek, ev, scale, sinks):
+            if not kernels.tq_decode_supported(kc.head_dim, kc.bits, vc.bits, queries.shape[1] // ek.shape[1]):
+                return None  # more than 16 query heads per kv head: the reference path
+            return kernels.tq_fused_decode(queries, k, v, n, ek, ev, scale, sinks, kc, vc)
+        return run
+    return TurboQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_encode=encode, fused_decode=decode)
 
 METHOD = register_method("turboquant", TurboQuantConfig, _make,
                          "random rotation + per-coordinate Lloyd–Max codes + fp16 norm (TurboQuant MSE, arXiv 2504.19874)")
