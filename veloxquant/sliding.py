@@ -145,7 +145,8 @@ class RotatingVQCache(_Wrapped):
         "Attention of `queries` [B, Hq, L, D] over the stored window (mask rebuilt from positions; `mask` is ignored)."
         o, L = self._step if self._step is not None else (self.offset - queries.shape[2], queries.shape[2])
         m = self.window_mask(o, L, self.positions())
-        if L == 1 and self.inner.fused_decode is not None and bool(m.all().item()): m = None  # fused kernels take no mask
+        fused = self.inner.fused_decode is not None and self.inner.fused_decode(self.inner.k_codec, self.inner.v_codec) is not None
+        if L == 1 and fused and bool(m.all().item()): m = None  # fused kernels take no mask (the check syncs: only where one applies)
         out = self.inner.attend(queries, keys, values, scale, m, sinks)
         self._step = None
         self._evict(self.evict_every)
