@@ -224,14 +224,14 @@ def int_list(name: str, lo: int, hi: int):
 
 def benchmark_main(argv):
     "`veloxquant benchmark [--seq-lens ...] [--batches ...] [--head-dims ...] [--append] [--generate] [--out FILE]`."
-    from veloxquant.kernels import benchmark_decode, print_benchmark, benchmark_generate, benchmark_append, benchmark_sign_scores
+    from veloxquant.kernels import benchmark_decode, print_benchmark, benchmark_generate, benchmark_append, benchmark_sign_scores, benchmark_tq_decode
     p = argparse.ArgumentParser(prog="veloxquant benchmark", description="decode-attention latency and bandwidth")
     p.add_argument("--seq-lens", type=int_list("seq_lens", 1, 1 << 20), default="1024,4096,16384,32768,131072")
     p.add_argument("--batches", type=int_list("batches", 1, 256), default="1,8")
     p.add_argument("--head-dims", type=int_list("head_dims", 64, 128), default="64,128")
     p.add_argument("--bits", type=int, default=4, choices=(2, 4, 8))
     p.add_argument("--repeats", type=int_list("repeats", 1, 10000), default="20")
-    p.add_argument("--append", action="store_true", help="also the fused append (affine, turboquant) and qjl sign-scoring kernels vs their references (GPU)")
+    p.add_argument("--append", action="store_true", help="also the fused append (affine, turboquant), qjl sign-scoring and turboquant decode kernels vs their references (GPU)")
     p.add_argument("--generate", action="store_true",
                    help="also end-to-end decode on a random Llama-3.1-8B-shaped model at 8k and 32k (GPU)")
     p.add_argument("--out", default=None, help="write the records as JSON here")
@@ -242,7 +242,8 @@ def benchmark_main(argv):
     res = {"decode": rows}
     if a.append:
         res["append"], res["sign_scores"] = benchmark_append(), benchmark_sign_scores()
-        for r in res["append"] + res["sign_scores"]: print(r)
+        res["tq_decode"] = benchmark_tq_decode()
+        for r in res["append"] + res["sign_scores"] + res["tq_decode"]: print(r)
     if a.generate: res["generate"] = benchmark_generate()
     if a.out:
         with open(a.out, "w") as f: json.dump(res, f, indent=1)

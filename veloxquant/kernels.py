@@ -22,7 +22,8 @@ __all__ = ['COMPAT_METAL', 'PROLOGUE_METAL', 'COMPAT_CUDA', 'VQ_MMA_EMUL', 'PROL
            'codebook_pair_table', 'tq_fused_decode', 'affine_append_supported', 'affine_fused_append',
            'tq_append_supported', 'tq_fused_append', 'sign_scores_supported', 'sign_scores', 'sign_scores_reference',
            'cuda_source', 'metal_source', 'kernel_files', 'write_kernel_files', 'nvcc_check', 'nvcc_check_all',
-           'benchmark_decode', 'print_benchmark', 'benchmark_append', 'benchmark_sign_scores', 'benchmark_generate']
+           'benchmark_decode', 'print_benchmark', 'benchmark_append', 'benchmark_tq_decode', 'benchmark_sign_scores',
+           'benchmark_generate']
 
 # %% ../nbs/06_kernels.ipynb #a544c0c5
 COMPAT_METAL = r"""
@@ -1394,6 +1395,39 @@ def benchmark_append(batches=(1, 8), tokens=(1, 512), n_kv_heads: int = 8, head_
             for name, (ref, fused) in cases.items():
                 tr, tf = _median_time(ref, repeats), _median_time(fused, repeats)
                 rows.append(dict(method=name, B=B, T=T, ref_us=tr * 1e6, fused_us=tf * 1e6, speedup=tr / tf))
+    return rows
+
+def benchmark_tq_decode(seq_lens=(4096, 32768), batches=(1, 8), bits: int = 3, n_heads: int = 32, n_kv_heads: int = 8,
+                        head_dim: int = 128, repeats: int = 10, pipelined_steps: int = 20) -> list[dict]:
+    """`turboquant` decode step (µs per step, `pipelined_steps` evaluated back to back): fp16 SDPA, the MLX reference over
+    the codes (the codecs' blockwise `scores`/`mix`, as `VQCache` with `use_kernels=False`) and `tq_fused_decode`, with
+    the effective bandwidth on the compressed bytes. Returns [] without the CUDA back-end."""
+    from veloxquant.methods.turboquant import TurboQuantCodec
+    from veloxquant.attention import blockwise_attention
+    from veloxquant.cache import block_tokens
+    if not tq_decode_supported(head_dim, bits, bits, n_heads // n_kv_heads): return []
+    per_step = lambda fn: _median_time(lambda: [fn() for _ in range(pipelined_steps)], repeats) / pipelined_steps * 1e6
+    rows = []
+    for B in batches:
+        for S in seq_lens:
+            mx.random.seed(0)
+            kc, vc = TurboQuantCodec(head_dim, bits), TurboQuantCodec(head_dim, bits)
+            k = mx.random.normal((B, n_kv_heads, S, head_dim)).astype(mx.float16); v = mx.random.normal((B, n_kv_heads, S, head_dim)).astype(mx.float16)
+            q = mx.random.normal((B, n_heads, 1, head_dim)).astype(mx.float16)
+            kd, vd = kc.encode(k), vc.encode(v); mx.eval(kd, vd, q)
+            ek, ev, sc, n = k[:, :, -1:], v[:, :, -1:], head_dim ** -0.5, S - 1
+            nbytes = sum(a.nbytes for a in (*kd.values(), *vd.values()))
+            def ref_blocks(bs=block_tokens(1, n_heads)):
+                for s0 in range(0, n, bs):
+                    s1 = min(n, s0 + bs)
+                    kb = {a: x[:, :, s0:s1] for a, x in kd.items()}; vb = {a: x[:, :, s0:s1] for a, x in vd.items()}
+                    yield (lambda qq, kb=kb: kc.scores(qq, kb)), (lambda p, vb=vb: vc.mix(p, vb)), s1 - s0
+            t_fp16 = per_step(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=sc))
+            t_ref = per_step(lambda: blockwise_attention(q, n, ref_blocks(), ek, ev, sc))
+            t_fused = per_step(lambda: tq_fused_decode(q, kd, vd, n, ek, ev, sc, None, kc, vc))
+            rows.append(dict(B=B, S=S, D=head_dim, bits=bits, fp16_us=t_fp16, ref_us=t_ref, fused_us=t_fused,
+                             vs_fp16=t_fp16 / t_fused, vs_ref=t_ref / t_fused, GBps=nbytes / t_fused / 1e3))
+            del k, v, kd, vd
     return rows
 
 def benchmark_sign_scores(seq_lens=(4096, 32768), batches=(1, 8), n_heads: int = 32, n_kv_heads: int = 8, head_dim: int = 128,
