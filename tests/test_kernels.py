@@ -59,6 +59,64 @@ def test_decode_split():
         assert -(-n // s) * rows <= max(kernels.DECODE_TARGET_GROUPS, rows) or s == 8192
 
 
+def test_decode_split_is_a_power_of_two_and_checks_its_arguments():
+    for warps in (1, 2, 3, 4, 8):
+        for n in (1, 77, 1000, 10 ** 7):
+            sp = kernels.decode_split(n, 8, None, warps)
+            assert sp & (sp - 1) == 0 and 32 * warps <= sp <= 8192
+    for bad in (dict(n=0, n_rows=8), dict(n=10, n_rows=0), dict(n=10.0, n_rows=8), dict(n=10, n_rows=8, warps=0)):
+        with pytest.raises(ValueError, match="decode_split"):
+            kernels.decode_split(**bad)
+
+
+def test_support_checks_reject_odd_arguments(monkeypatch):
+    monkeypatch.setattr(kernels, "backend", lambda: "cuda")
+    assert not kernels.mma_decode_supported(128.0, 4, 4, 64, 4) and not kernels.mma_decode_supported(128, 4, 4, 64, 4.5)
+    assert not kernels.tq_decode_supported(128, "3", 3, 4) and not kernels.tq_decode_supported(128, 3, 3, 4.5)
+    assert not kernels.tq_decode_supported(128, None, 3, 4) and not kernels.affine_decode_supported(128, 4, 4, 64, None)
+    # the scalar kernel keeps its queries and per-simdgroup accumulators in threadgroup memory (48 KB on CUDA)
+    # (fewer simdgroups per threadgroup for many query heads per kv head: 24 at head_dim 128 runs with 2)
+    assert kernels.affine_decode_supported(128, 2, 4, 64, 40) and not kernels.affine_decode_supported(128, 2, 4, 64, 48)
+    assert kernels._pick(128, 2, 4, 64, 24, None, None) == (False, 2) and kernels._pick(128, 2, 4, 64, 4, None, None) == (False, 4)
+    assert kernels.affine_decode_supported(128, 4, 4, 64, 8)           # the tensor-core kernel
+    assert not kernels.affine_decode_supported(128, 4, 4, 32, 48)      # neither: the method falls back to the reference path
+    monkeypatch.setattr(kernels, "backend", lambda: "metal")
+    assert kernels.affine_decode_supported(128, 2, 4, 64, 24) and not kernels.affine_decode_supported(128, 2, 4, 64, 32)  # 32 KB
+
+
+def test_kernel_entry_points_refuse_bad_steps(monkeypatch):
+    "Shape errors are ValueErrors naming the field, checked before any back-end work."
+    kd = {"w": mx.zeros((1, 2, 10, 16), mx.uint32)}
+    q, kv = mx.zeros((1, 4, 1, 128)), mx.zeros((1, 2, 1, 128))
+    with pytest.raises(ValueError, match="keys must be"):
+        kernels.affine_fused_decode(q, kd, kd, 5, None, kv, 1.0, None, 4, 4, 64)
+    with pytest.raises(ValueError, match="queries must be"):
+        kernels.affine_fused_decode(mx.zeros((4, 1, 128)), kd, kd, 5, kv, kv, 1.0, None, 4, 4, 64)
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        kernels.affine_fused_decode(mx.zeros((1, 3, 1, 128)), kd, kd, 5, kv, kv, 1.0, None, 4, 4, 64)
+    with pytest.raises(ValueError, match="capacity=10"):
+        kernels.affine_fused_decode(q, kd, kd, 11, kv, kv, 1.0, None, 4, 4, 64)
+    with pytest.raises(ValueError, match="c0"):
+        kernels.tq_fused_decode(q, kd, kd, 5, kv, kv, 1.0, None, None, None)
+    with pytest.raises(ValueError, match="key_codec must be"):
+        kernels.tq_fused_decode(q, {"c0": kd["w"]}, {"c0": kd["w"]}, 5, kv, kv, 1.0, None, None, None)
+    for bits, cents in ((3.0, [0.0] * 8), (0, [0.0]), (5, [0.0] * 32), (2, [0.0, 1.0, float("nan"), 2.0]), (2, [0.0, 1.0, 1e6, 2.0])):
+        with pytest.raises(ValueError):
+            kernels.codebook_pair_table(cents, bits)
+
+
+def test_benchmark_cli_without_gpu(tmp_path, capsys):
+    "On a machine without a GPU back-end the GPU-only parts are skipped with a message and the JSON is written."
+    if kernels.backend() is not None: pytest.skip("has a GPU back-end")
+    from veloxquant.cli import main
+    out = tmp_path / "b.json"
+    main(["benchmark", "--append", "--generate", "--seq-lens", "40", "--batches", "1", "--head-dims", "64", "--repeats", "1", "--out", str(out)])
+    assert "skipped" in capsys.readouterr().out
+    import json
+    res = json.loads(out.read_text())
+    assert res["append"] == [] and res["sign_scores"] == [] and res["tq_decode"] == [] and res["generate"] == []
+
+
 def test_length_reference_is_a_view():
     "The decode kernels read the token count from the shape of `_nref(n)`: a prefix of one cached buffer, never uploaded."
     for n in (1, 1000, 1024, 1025, 70000):

@@ -212,13 +212,18 @@ def eval_main(a) -> list[dict]:
                        _csv(a.niah_depths, float) or (0.1, 0.5, 0.9), a.out, charts=not a.no_charts, progress=not a.no_progress)
 
 # %% ../nbs/08_cli.ipynb #6847530c
-def int_list(name: str, lo: int, hi: int):
-    "An argparse `type`: comma-separated integers in [lo, hi] (argparse turns the `ValueError` into a clean usage error)."
+def int_list(name: str, lo: int, hi: int, choices=None, single: bool = False):
+    """An argparse `type`: comma-separated integers in [lo, hi] (and in `choices` if given; exactly one if `single`).
+    argparse turns the `ArgumentTypeError` into a clean usage error (exit 2)."""
     def parse(s: str) -> list[int]:
         try: xs = [int(x) for x in s.split(",") if x.strip()]
         except ValueError: raise argparse.ArgumentTypeError(f"{name}={s!r}: expected comma-separated integers")
         if not xs or any(not lo <= x <= hi for x in xs):
             raise argparse.ArgumentTypeError(f"{name}={s!r} is out of range; allowed: integers in [{lo}, {hi}]")
+        if choices is not None and any(x not in choices for x in xs):
+            raise argparse.ArgumentTypeError(f"{name}={s!r}: allowed values {list(choices)}")
+        if single and len(xs) != 1:
+            raise argparse.ArgumentTypeError(f"{name}={s!r}: expected one integer")
         return xs
     return parse
 
@@ -226,16 +231,24 @@ def benchmark_main(argv):
     "`veloxquant benchmark [--seq-lens ...] [--batches ...] [--head-dims ...] [--append] [--generate] [--out FILE]`."
     from veloxquant.kernels import benchmark_decode, print_benchmark, benchmark_generate, benchmark_append, benchmark_sign_scores, benchmark_tq_decode
     p = argparse.ArgumentParser(prog="veloxquant benchmark", description="decode-attention latency and bandwidth")
-    p.add_argument("--seq-lens", type=int_list("seq_lens", 1, 1 << 20), default="1024,4096,16384,32768,131072")
-    p.add_argument("--batches", type=int_list("batches", 1, 256), default="1,8")
-    p.add_argument("--head-dims", type=int_list("head_dims", 64, 128), default="64,128")
-    p.add_argument("--bits", type=int, default=4, choices=(2, 4, 8))
-    p.add_argument("--repeats", type=int_list("repeats", 1, 10000), default="20")
+    p.add_argument("--seq-lens", type=int_list("seq_lens", 1, 1 << 20), default="1024,4096,16384,32768,131072",
+                   help="comma-separated cached-token counts (default: %(default)s)")
+    p.add_argument("--batches", type=int_list("batches", 1, 256), default="1,8", help="comma-separated batch sizes (default: %(default)s)")
+    p.add_argument("--head-dims", type=int_list("head_dims", 64, 128, choices=(64, 128)), default="64,128",
+                   help="comma-separated head_dims, each 64 or 128 (default: %(default)s)")
+    p.add_argument("--bits", type=int, default=4, choices=(2, 4, 8), help="key/value bits (default: %(default)s)")
+    p.add_argument("--repeats", type=int_list("repeats", 1, 10000, single=True), default="20",
+                   help="timed evaluations per variant (default: %(default)s)")
     p.add_argument("--append", action="store_true", help="also the fused append (affine, turboquant), qjl sign-scoring and turboquant decode kernels vs their references (GPU)")
     p.add_argument("--generate", action="store_true",
                    help="also end-to-end decode on a random Llama-3.1-8B-shaped model at 8k and 32k (GPU)")
     p.add_argument("--out", default=None, help="write the records as JSON here")
     a = p.parse_args(argv)
+    if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
+        p.error(f"--out {a.out!r}: folder {os.path.dirname(os.path.abspath(a.out))!r} does not exist")
+    from veloxquant.kernels import backend
+    if backend() is None and (a.append or a.generate):
+        print("no GPU back-end: --append/--generate need one and are skipped (the decode table runs the reference variants only)")
     rows = benchmark_decode(a.seq_lens, a.batches, a.head_dims, bits=a.bits, repeats=a.repeats[0])
     print("one step per evaluation:"); print_benchmark(rows)
     print("back-to-back steps (per-step GPU time):"); print_benchmark(rows, pipelined=True)

@@ -62,10 +62,13 @@ def _make(config: KVCacheConfig):
         kd, vd = kc.head_dim, vc.head_dim
         if not (cfg.use_kernels and kd == vd and kernels.affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size)):
             return None
-        return lambda queries, k, v, n, ek, ev, scale, sinks: kernels.affine_fused_decode(
-            queries, k, v, n, ek, ev, scale, sinks, cfg.key_bits, cfg.value_bits, cfg.group_size)
+        def run(queries, k, v, n, ek, ev, scale, sinks):
+            if not kernels.affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size, queries.shape[1] // ek.shape[1]):
+                return None  # too many query heads per kv head for threadgroup memory: the reference path
+            return kernels.affine_fused_decode(queries, k, v, n, ek, ev, scale, sinks, cfg.key_bits, cfg.value_bits, cfg.group_size)
+        return run
     # Appends stay on `mx.quantize` (two native dispatches): on the H200 it is faster than the one-dispatch
-    # `kernels.affine_fused_append` (0.72-0.81x, see the kernels notebook), so that kernel is not wired in here.
+    # `kernels.affine_fused_append` (0.57-0.64x, see the kernels notebook), so that kernel is not wired in here.
     return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_decode=fused)
 
 METHOD = register_method("affine", AffineConfig, _make, "group affine quantization (mx.quantize), as mlx-lm's QuantizedKVCache")
