@@ -234,3 +234,27 @@ def test_empty_after_trim(tiny_model):
     assert c.empty()
     feed(tiny_model, [c, vq.KVCacheConfig("affine").make_cache()], [1, 2, 3], (3,))
     assert not c.empty() and c.trim(3) == 3 and c.empty()
+
+
+def test_fused_decode_hook_is_checked(tiny_model):
+    "A custom `fused_decode` hook: not callable → ValueError at construction; a wrong result → ValueError naming the shape."
+    import pytest
+    from veloxquant.cache import VQCache
+    from veloxquant.methods.affine import AffineCodec
+    cfg = vq.KVCacheConfig("affine")
+    with pytest.raises(ValueError, match="fused_decode must be callable"):
+        VQCache(cfg, lambda kd, vd: (AffineCodec(kd, 4, 64), AffineCodec(vd, 4, 64)), fused_decode=5)
+    def caches(hook):
+        cs = vq.KVCacheBuilder.for_model(tiny_model, cfg)
+        for c in cs: c.fused_decode = hook
+        tiny_model(mx.array([[3] * 20]), cache=cs)
+        return cs
+    cs = caches(lambda kc, vc: (lambda q, *a: mx.zeros((1, 1, 1, 7))))
+    with pytest.raises(ValueError, match="expected a floating array shaped like the queries"):
+        tiny_model(mx.array([[4]]), cache=cs)
+    cs = caches(lambda kc, vc: 5)
+    with pytest.raises(ValueError, match="must return a function or None"):
+        tiny_model(mx.array([[4]]), cache=cs)
+    ref = vq.KVCacheBuilder.for_model(tiny_model, cfg); tiny_model(mx.array([[3] * 20]), cache=ref)
+    cs = caches(lambda kc, vc: (lambda *a: None))  # None: the reference path, same result
+    assert mx.allclose(tiny_model(mx.array([[4]]), cache=cs), tiny_model(mx.array([[4]]), cache=ref)).item()

@@ -117,6 +117,29 @@ def test_benchmark_cli_without_gpu(tmp_path, capsys):
     assert res["append"] == [] and res["sign_scores"] == [] and res["tq_decode"] == [] and res["generate"] == []
 
 
+def test_benchmark_and_sign_functions_check_arguments():
+    for kw in (dict(seq_lens=(0,)), dict(seq_lens=64), dict(seq_lens="64"), dict(head_dims=(96,)), dict(batches=(0,)),
+               dict(repeats=0), dict(group_size=7), dict(n_heads=30, n_kv_heads=8)):
+        with pytest.raises(ValueError, match="benchmark_decode"):
+            kernels.benchmark_decode(**kw, progress=False)
+    signs = mx.zeros((1, 1, 10, 4), mx.uint32)
+    for n, qb in ((20, 8), (0, 8), (-1, 8), (5, 0), (5, 40)):
+        with pytest.raises(ValueError):
+            kernels.sign_scores_reference(mx.zeros((1, 1, 1, 128)), signs, mx.zeros((1, 1, 10, 1)), n, qb)
+    for bad in ([[0.0]], None):
+        with pytest.raises(ValueError):
+            kernels.affine_fused_append(bad, bad, 4, 4, 64)
+    rows = [dict(S=8, B=1, D=64, variant="x fused", us=1.0, GBps=1.0, us_pipelined=1.0, GBps_pipelined=1.0)]
+    kernels.print_benchmark(rows)  # no fp16 row: no ratio column, no KeyError
+
+
+def test_benchmark_generate_checks_the_backend_first(monkeypatch):
+    if kernels.backend() is not None: pytest.skip("has a GPU back-end")
+    import mlx_lm.models.llama as llama
+    monkeypatch.setattr(llama, "Model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("model built without a GPU")))
+    assert kernels.benchmark_generate() == []
+
+
 def test_length_reference_is_a_view():
     "The decode kernels read the token count from the shape of `_nref(n)`: a prefix of one cached buffer, never uploaded."
     for n in (1, 1000, 1024, 1025, 70000):

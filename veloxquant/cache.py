@@ -95,6 +95,8 @@ class VQCache(_BaseCache):
         check_int("window", window, 0); check_int("sinks", sinks, 0)
         self.config, self._make_codecs, self.window, self.sinks = config, make_codecs, window, sinks
         self.k_sink = self.v_sink = None   # fp16 first `sinks` tokens [B, H, s, D]
+        for name, f in (("fused_decode", fused_decode), ("fused_encode", fused_encode)):
+            if f is not None and not callable(f): raise ValueError(f"{name} must be callable or None, got {type(f).__name__}")
         self.fused_decode = fused_decode  # optional (key_codec, value_codec) -> fused decode attention or None
         self.fused_encode = fused_encode  # optional (key_codec, value_codec) -> fused (keys, values) encoder or None
         self.offset, self.dims = 0, None
@@ -183,12 +185,18 @@ class VQCache(_BaseCache):
         else:
             n = self.k_store.length
             fused = self.fused_decode(self.k_codec, self.v_codec) if self.fused_decode is not None else None
+            if fused is not None and not callable(fused):
+                raise ValueError(f"fused_decode(key_codec, value_codec) must return a function or None, got {type(fused).__name__}")
             out = None
             if fused is not None and queries.shape[2] == 1 and (mask is None or isinstance(mask, str)):
                 fk, fv = ek, ev
                 if sk:  # one unmasked query: the order of the exact keys does not matter
                     fk, fv = mx.concatenate([sk[0], ek], axis=2), mx.concatenate([sk[1], ev], axis=2)
                 out = fused(queries, self.k_store.arrays, self.v_store.arrays, n, fk, fv, scale, sinks)  # None: not this shape
+                if out is not None and not (isinstance(out, mx.array) and out.shape == queries.shape
+                                            and mx.issubdtype(out.dtype, mx.floating)):
+                    raise ValueError(f"fused_decode returned {getattr(out, 'shape', type(out).__name__)} "
+                                     f"{getattr(out, 'dtype', '')}; expected a floating array shaped like the queries {tuple(queries.shape)}")
             if out is None:
                 blocks = self._blocks(self.block_size or block_tokens(queries.shape[2], queries.shape[1]))
                 if sk:  # the sink tokens come first in position order: one exact block before the codes

@@ -218,7 +218,8 @@ def int_list(name: str, lo: int, hi: int, choices=None, single: bool = False):
     def parse(s: str) -> list[int]:
         try: xs = [int(x) for x in s.split(",") if x.strip()]
         except ValueError: raise argparse.ArgumentTypeError(f"{name}={s!r}: expected comma-separated integers")
-        if not xs or any(not lo <= x <= hi for x in xs):
+        if not xs: raise argparse.ArgumentTypeError(f"{name}={s!r}: no integers given")
+        if any(not lo <= x <= hi for x in xs):
             raise argparse.ArgumentTypeError(f"{name}={s!r} is out of range; allowed: integers in [{lo}, {hi}]")
         if choices is not None and any(x not in choices for x in xs):
             raise argparse.ArgumentTypeError(f"{name}={s!r}: allowed values {list(choices)}")
@@ -246,12 +247,13 @@ def benchmark_main(argv):
     a = p.parse_args(argv)
     if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
         p.error(f"--out {a.out!r}: folder {os.path.dirname(os.path.abspath(a.out))!r} does not exist")
+    if a.out and os.path.isdir(a.out): p.error(f"--out {a.out!r} is a folder; give a file name")
     from veloxquant.kernels import backend
     if backend() is None and (a.append or a.generate):
         print("no GPU back-end: --append/--generate need one and are skipped (the decode table runs the reference variants only)")
     rows = benchmark_decode(a.seq_lens, a.batches, a.head_dims, bits=a.bits, repeats=a.repeats[0])
     print("one step per evaluation:"); print_benchmark(rows)
-    print("back-to-back steps (per-step GPU time):"); print_benchmark(rows, pipelined=True)
+    print("back-to-back steps (per-step time of 20 steps evaluated together):"); print_benchmark(rows, pipelined=True)
     res = {"decode": rows}
     if a.append:
         res["append"], res["sign_scores"] = benchmark_append(), benchmark_sign_scores()
