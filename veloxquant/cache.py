@@ -84,7 +84,7 @@ class VQCache(_BaseCache):
     arXiv 2309.17453 §3; KVQuant, Hooper et al. 2024, arXiv 2401.18079 §3.5), never encoded.
     `fused_decode(key_codec, value_codec)`, if given, returns a function `(queries, k_arrays, v_arrays,
     n, exact_keys, exact_values, scale, sinks) -> output` that computes a decode step's attention
-    with fused kernels (see `veloxquant.kernels`; the function may return None for a shape it does not
+    with fused kernels (see the methods' kernels, e.g. `veloxquant.methods.affine`; the function may return None for a shape it does not
     take, and the reference path runs), or None where it does not apply.
     `fused_encode(key_codec, value_codec)`, if given, returns a function `(keys, values) -> (key_arrays,
     value_arrays)` that encodes new tokens exactly as the codecs' `encode` would, in fused kernels, or None.

@@ -180,7 +180,7 @@ def int_list(name: str, lo: int, hi: int, choices=None, single: bool = False):
 
 def benchmark_main(argv):
     "`veloxquant benchmark [--seq-lens ...] [--batches ...] [--head-dims ...] [--append] [--generate] [--out FILE]`."
-    from veloxquant.kernels import benchmark_decode, print_benchmark, benchmark_generate, benchmark_append, benchmark_sign_scores, benchmark_tq_decode
+    from veloxquant.bench import benchmark_decode, print_benchmark, benchmark_generate, benchmark_append, benchmark_sign_scores, benchmark_tq_decode
     p = argparse.ArgumentParser(prog="veloxquant benchmark", description="decode-attention latency and bandwidth")
     p.add_argument("--seq-lens", type=int_list("seq_lens", 1, 1 << 20), default="1024,4096,16384,32768,131072",
                    help="comma-separated cached-token counts (default: %(default)s)")
@@ -198,7 +198,7 @@ def benchmark_main(argv):
     if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
         p.error(f"--out {a.out!r}: folder {os.path.dirname(os.path.abspath(a.out))!r} does not exist")
     if a.out and os.path.isdir(a.out): p.error(f"--out {a.out!r} is a folder; give a file name")
-    from veloxquant.kernels import backend
+    from veloxquant.gpu import backend
     if backend() is None and (a.append or a.generate):
         print("no GPU back-end: --append/--generate need one and are skipped (the decode table runs the reference variants only)")
     rows = benchmark_decode(a.seq_lens, a.batches, a.head_dims, bits=a.bits, repeats=a.repeats[0])
