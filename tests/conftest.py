@@ -25,7 +25,7 @@ def real():
 
 def pytest_collection_modifyitems(config, items):
     "Tests marked `gpu` need an MLX GPU back-end (Metal or CUDA); skip them elsewhere (CI also deselects them)."
-    from veloxquant.kernels import backend
+    from veloxquant.gpu import backend
     if backend() is None:
         skip = pytest.mark.skip(reason="needs an MLX GPU back-end (Metal or CUDA)")
         for item in items:

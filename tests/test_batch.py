@@ -8,7 +8,7 @@ from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
 import veloxquant as vq
 from veloxquant.batch import VQBatchCache, FP16BatchCache, merge_caches, roll_rows
-from veloxquant.cli import parse_method
+from veloxquant.core import parse_method
 
 # every registered method at its default settings, plus fp16 windows on two methods and the fp16 reference path
 SPECS = [*vq.method_ids(), "fp16:reference=True", "affine:key_bits=4,value_bits=4,window=8", "turboquant:window=16"]

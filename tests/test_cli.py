@@ -3,7 +3,7 @@ import json, os, subprocess, sys
 
 import pytest
 
-from veloxquant.cli import parse_method
+from veloxquant.core import parse_method
 
 
 def run(*args, timeout=600):

@@ -57,7 +57,7 @@ def test_fp16_bit_identical_tiny(tiny_model):
 @pytest.mark.parametrize("spec", ["fp16", "fp16:reference=true", "affine:key_bits=4,value_bits=4",
                                   "affine:key_bits=3,value_bits=2,group_size=32,window=7"])
 def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
-    from veloxquant.cli import parse_method
+    from veloxquant.core import parse_method
     cfg = parse_method(spec)
     caches = vq.KVCacheBuilder.for_model(tiny_model, cfg)
     feed(tiny_model, caches, [i % 120 + 3 for i in range(300)], (290, 1, 1, 8))
@@ -81,7 +81,7 @@ def test_corrupt_state_refused(tiny_model):
 
 @pytest.mark.parametrize("spec", ["fp16", "affine:key_bits=4,value_bits=4"])
 def test_trim_then_continue(tiny_model, spec):
-    from veloxquant.cli import parse_method
+    from veloxquant.core import parse_method
     cfg = parse_method(spec); toks = list(range(10, 70))
     a = vq.KVCacheBuilder.for_model(tiny_model, cfg)
     feed(tiny_model, a, toks, (40, 5)); assert all(c.is_trimmable() for c in a)

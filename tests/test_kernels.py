@@ -7,7 +7,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from veloxquant import kernels
+from veloxquant import gpu, bench
+from veloxquant.methods import affine, turboquant, qjl
 from veloxquant.attention import Partial, blockwise_attention
 from veloxquant.quant import pack_bits, unpack_bits
 
@@ -16,72 +17,72 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not os.environ.
 
 
 def test_kernel_files_in_sync():
-    files = kernels.kernel_files()
-    assert set(files) == {f"{n}.{e}" for n in kernels.KERNELS for e in ("cu", "metal")}
+    files = gpu.kernel_files()
+    assert set(files) == {f"{n}.{e}" for n in gpu.all_kernels() for e in ("cu", "metal")}
     for name, text in files.items():
-        assert (ROOT / "kernels" / name).read_text() == text, f"kernels/{name} is out of sync: run nbs/06_kernels.ipynb"
+        assert (ROOT / "kernels" / name).read_text() == text, f"kernels/{name} is out of sync: run the notebooks that register kernels (nbs/03b_gpu.ipynb, nbs/methods/*.ipynb)"
 
 
 @needs_nvcc
-@pytest.mark.parametrize("name,i", [(n, i) for n, k in kernels.KERNELS.items() for i in range(1 + len(k[4]))])
+@pytest.mark.parametrize("name,i", [(n, i) for n, k in gpu.all_kernels().items() for i in range(1 + len(k[4]))])
 def test_cuda_body_compiles(tmp_path, name, i):
-    kname, body, types, tmpl, extra = kernels.KERNELS[name]
+    kname, body, types, tmpl, extra = gpu.KERNELS[name]
     p = tmp_path / f"{name}.cu"
-    p.write_text(kernels.cuda_source(kname, body, template=[tmpl, *extra][i], **types))
-    kernels.nvcc_check(p)
+    p.write_text(gpu.cuda_source(kname, body, template=[tmpl, *extra][i], **types))
+    gpu.nvcc_check(p)
 
 
 def test_nvcc_check_reports_errors(tmp_path):
     if shutil.which("nvcc") is None: pytest.skip("nvcc not installed")
     p = tmp_path / "bad.cu"
-    p.write_text(kernels.cuda_source("bad", "int x = undefined_name;", inputs=[("a", "float32")], outputs=[("b", "float32")], template={}))
+    p.write_text(gpu.cuda_source("bad", "int x = undefined_name;", inputs=[("a", "float32")], outputs=[("b", "float32")], template={}))
     with pytest.raises(RuntimeError, match="undefined_name"):
-        kernels.nvcc_check(p)
+        gpu.nvcc_check(p)
 
 
 def test_cpu_has_no_kernel_backend():
     if mx.default_device() == mx.cpu and not mx.metal.is_available():
-        assert kernels.backend() is None
+        assert gpu.backend() is None
         with pytest.raises(ValueError, match="does not support"):
-            kernels.affine_decode_attention(mx.zeros((1, 1, 1, 1, 64)), {}, {}, 1, 4, 4, 64)
+            affine.affine_decode_attention(mx.zeros((1, 1, 1, 1, 64)), {}, {}, 1, 4, 4, 64)
         with pytest.raises(ValueError, match="does not support"):
-            kernels.affine_fused_append(mx.zeros((1, 1, 1, 64)), mx.zeros((1, 1, 1, 64)), 4, 4, 64)
+            affine.affine_fused_append(mx.zeros((1, 1, 1, 64)), mx.zeros((1, 1, 1, 64)), 4, 4, 64)
         with pytest.raises(ValueError, match="does not support"):
-            kernels.tq_fused_append(mx.zeros((1, 1, 1, 64)), mx.zeros((1, 1, 1, 64)), mx.eye(64), mx.zeros((7,)), mx.zeros((7,)))
+            turboquant.tq_fused_append(mx.zeros((1, 1, 1, 64)), mx.zeros((1, 1, 1, 64)), mx.eye(64), mx.zeros((7,)), mx.zeros((7,)))
         with pytest.raises(ValueError, match="does not support"):
-            kernels.sign_scores(mx.zeros((1, 1, 1, 128)), mx.zeros((1, 1, 4, 4), mx.uint32), mx.zeros((1, 1, 4, 1), mx.float16), 4)
+            qjl.sign_scores(mx.zeros((1, 1, 1, 128)), mx.zeros((1, 1, 4, 4), mx.uint32), mx.zeros((1, 1, 4, 1), mx.float16), 4)
 
 
 def test_decode_split():
     for n, rows in [(1, 8), (1000, 8), (32768, 8), (32768, 64), (131072, 64), (10 ** 6, 1)]:
-        s = kernels.decode_split(n, rows, warps=4)
+        s = gpu.decode_split(n, rows, warps=4)
         assert s % 128 == 0 and 128 <= s <= 8192 and s & (s - 1) == 0  # a power of two: few compiled chunk sizes
-        assert -(-n // s) * rows <= max(kernels.DECODE_TARGET_GROUPS, rows) or s == 8192
+        assert -(-n // s) * rows <= max(gpu.DECODE_TARGET_GROUPS, rows) or s == 8192
 
 
 def test_decode_split_is_a_power_of_two_and_checks_its_arguments():
     for warps in (1, 2, 3, 4, 8):
         for n in (1, 77, 1000, 10 ** 7):
-            sp = kernels.decode_split(n, 8, None, warps)
+            sp = gpu.decode_split(n, 8, None, warps)
             assert sp & (sp - 1) == 0 and 32 * warps <= sp <= 8192
     for bad in (dict(n=0, n_rows=8), dict(n=10, n_rows=0), dict(n=10.0, n_rows=8), dict(n=10, n_rows=8, warps=0)):
         with pytest.raises(ValueError, match="decode_split"):
-            kernels.decode_split(**bad)
+            gpu.decode_split(**bad)
 
 
 def test_support_checks_reject_odd_arguments(monkeypatch):
-    monkeypatch.setattr(kernels, "backend", lambda: "cuda")
-    assert not kernels.mma_decode_supported(128.0, 4, 4, 64, 4) and not kernels.mma_decode_supported(128, 4, 4, 64, 4.5)
-    assert not kernels.tq_decode_supported(128, "3", 3, 4) and not kernels.tq_decode_supported(128, 3, 3, 4.5)
-    assert not kernels.tq_decode_supported(128, None, 3, 4) and not kernels.affine_decode_supported(128, 4, 4, 64, None)
+    monkeypatch.setattr(gpu, "backend", lambda: "cuda")
+    assert not affine.mma_decode_supported(128.0, 4, 4, 64, 4) and not affine.mma_decode_supported(128, 4, 4, 64, 4.5)
+    assert not turboquant.tq_decode_supported(128, "3", 3, 4) and not turboquant.tq_decode_supported(128, 3, 3, 4.5)
+    assert not turboquant.tq_decode_supported(128, None, 3, 4) and not affine.affine_decode_supported(128, 4, 4, 64, None)
     # the scalar kernel keeps its queries and per-simdgroup accumulators in threadgroup memory (48 KB on CUDA)
     # (fewer simdgroups per threadgroup for many query heads per kv head: 24 at head_dim 128 runs with 2)
-    assert kernels.affine_decode_supported(128, 2, 4, 64, 40) and not kernels.affine_decode_supported(128, 2, 4, 64, 48)
-    assert kernels._pick(128, 2, 4, 64, 24, None, None) == (False, 2) and kernels._pick(128, 2, 4, 64, 4, None, None) == (False, 4)
-    assert kernels.affine_decode_supported(128, 4, 4, 64, 8)           # the tensor-core kernel
-    assert not kernels.affine_decode_supported(128, 4, 4, 32, 48)      # neither: the method falls back to the reference path
-    monkeypatch.setattr(kernels, "backend", lambda: "metal")
-    assert kernels.affine_decode_supported(128, 2, 4, 64, 24) and not kernels.affine_decode_supported(128, 2, 4, 64, 32)  # 32 KB
+    assert affine.affine_decode_supported(128, 2, 4, 64, 40) and not affine.affine_decode_supported(128, 2, 4, 64, 48)
+    assert affine._pick(128, 2, 4, 64, 24, None, None) == (False, 2) and affine._pick(128, 2, 4, 64, 4, None, None) == (False, 4)
+    assert affine.affine_decode_supported(128, 4, 4, 64, 8)           # the tensor-core kernel
+    assert not affine.affine_decode_supported(128, 4, 4, 32, 48)      # neither: the method falls back to the reference path
+    monkeypatch.setattr(gpu, "backend", lambda: "metal")
+    assert affine.affine_decode_supported(128, 2, 4, 64, 24) and not affine.affine_decode_supported(128, 2, 4, 64, 32)  # 32 KB
 
 
 def test_kernel_entry_points_refuse_bad_steps(monkeypatch):
@@ -89,25 +90,25 @@ def test_kernel_entry_points_refuse_bad_steps(monkeypatch):
     kd = {"w": mx.zeros((1, 2, 10, 16), mx.uint32)}
     q, kv = mx.zeros((1, 4, 1, 128)), mx.zeros((1, 2, 1, 128))
     with pytest.raises(ValueError, match="keys must be"):
-        kernels.affine_fused_decode(q, kd, kd, 5, None, kv, 1.0, None, 4, 4, 64)
+        affine.affine_fused_decode(q, kd, kd, 5, None, kv, 1.0, None, 4, 4, 64)
     with pytest.raises(ValueError, match="queries must be"):
-        kernels.affine_fused_decode(mx.zeros((4, 1, 128)), kd, kd, 5, kv, kv, 1.0, None, 4, 4, 64)
+        affine.affine_fused_decode(mx.zeros((4, 1, 128)), kd, kd, 5, kv, kv, 1.0, None, 4, 4, 64)
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        kernels.affine_fused_decode(mx.zeros((1, 3, 1, 128)), kd, kd, 5, kv, kv, 1.0, None, 4, 4, 64)
+        affine.affine_fused_decode(mx.zeros((1, 3, 1, 128)), kd, kd, 5, kv, kv, 1.0, None, 4, 4, 64)
     with pytest.raises(ValueError, match="capacity=10"):
-        kernels.affine_fused_decode(q, kd, kd, 11, kv, kv, 1.0, None, 4, 4, 64)
+        affine.affine_fused_decode(q, kd, kd, 11, kv, kv, 1.0, None, 4, 4, 64)
     with pytest.raises(ValueError, match="c0"):
-        kernels.tq_fused_decode(q, kd, kd, 5, kv, kv, 1.0, None, None, None)
+        turboquant.tq_fused_decode(q, kd, kd, 5, kv, kv, 1.0, None, None, None)
     with pytest.raises(ValueError, match="key_codec must be"):
-        kernels.tq_fused_decode(q, {"c0": kd["w"]}, {"c0": kd["w"]}, 5, kv, kv, 1.0, None, None, None)
+        turboquant.tq_fused_decode(q, {"c0": kd["w"]}, {"c0": kd["w"]}, 5, kv, kv, 1.0, None, None, None)
     for bits, cents in ((3.0, [0.0] * 8), (0, [0.0]), (5, [0.0] * 32), (2, [0.0, 1.0, float("nan"), 2.0]), (2, [0.0, 1.0, 1e6, 2.0])):
         with pytest.raises(ValueError):
-            kernels.codebook_pair_table(cents, bits)
+            turboquant.codebook_pair_table(cents, bits)
 
 
 def test_benchmark_cli_without_gpu(tmp_path, capsys):
     "On a machine without a GPU back-end the GPU-only parts are skipped with a message and the JSON is written."
-    if kernels.backend() is not None: pytest.skip("has a GPU back-end")
+    if gpu.backend() is not None: pytest.skip("has a GPU back-end")
     from veloxquant.cli import main
     out = tmp_path / "b.json"
     main(["benchmark", "--append", "--generate", "--seq-lens", "40", "--batches", "1", "--head-dims", "64", "--repeats", "1", "--out", str(out)])
@@ -121,70 +122,70 @@ def test_benchmark_and_sign_functions_check_arguments():
     for kw in (dict(seq_lens=(0,)), dict(seq_lens=64), dict(seq_lens="64"), dict(head_dims=(96,)), dict(batches=(0,)),
                dict(repeats=0), dict(group_size=7), dict(n_heads=30, n_kv_heads=8)):
         with pytest.raises(ValueError, match="benchmark_decode"):
-            kernels.benchmark_decode(**kw, progress=False)
+            bench.benchmark_decode(**kw, progress=False)
     signs = mx.zeros((1, 1, 10, 4), mx.uint32)
     for n, qb in ((20, 8), (0, 8), (-1, 8), (5, 0), (5, 40)):
         with pytest.raises(ValueError):
-            kernels.sign_scores_reference(mx.zeros((1, 1, 1, 128)), signs, mx.zeros((1, 1, 10, 1)), n, qb)
+            qjl.sign_scores_reference(mx.zeros((1, 1, 1, 128)), signs, mx.zeros((1, 1, 10, 1)), n, qb)
     for bad in ([[0.0]], None):
         with pytest.raises(ValueError):
-            kernels.affine_fused_append(bad, bad, 4, 4, 64)
+            affine.affine_fused_append(bad, bad, 4, 4, 64)
     rows = [dict(S=8, B=1, D=64, variant="x fused", us=1.0, GBps=1.0, us_pipelined=1.0, GBps_pipelined=1.0)]
-    kernels.print_benchmark(rows)  # no fp16 row: no ratio column, no KeyError
+    bench.print_benchmark(rows)  # no fp16 row: no ratio column, no KeyError
 
 
 def test_benchmark_generate_checks_the_backend_first(monkeypatch):
-    if kernels.backend() is not None: pytest.skip("has a GPU back-end")
+    if gpu.backend() is not None: pytest.skip("has a GPU back-end")
     import mlx_lm.models.llama as llama
     monkeypatch.setattr(llama, "Model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("model built without a GPU")))
-    assert kernels.benchmark_generate() == []
+    assert bench.benchmark_generate() == []
 
 
 def test_length_reference_is_a_view():
     "The decode kernels read the token count from the shape of `_nref(n)`: a prefix of one cached buffer, never uploaded."
     for n in (1, 1000, 1024, 1025, 70000):
-        r = kernels._nref(n)
+        r = gpu._nref(n)
         assert r.shape == (n,) and r.dtype == mx.uint8
-    assert kernels._nref(3).shape == (3,) and kernels._length_buffer.cache_info().currsize <= 4
+    assert gpu._nref(3).shape == (3,) and gpu._length_buffer.cache_info().currsize <= 4
 
 
 def test_mma_support_rules(monkeypatch):
-    monkeypatch.setattr(kernels, "backend", lambda: "cuda")
-    ok = kernels.mma_decode_supported
+    monkeypatch.setattr(gpu, "backend", lambda: "cuda")
+    ok = affine.mma_decode_supported
     assert ok(128, 4, 4, 64, 4) and ok(64, 4, 4, 64, 3) and ok(128, 4, 4, 128, 16) and ok(64, 4, 4, 32, 8)
     assert not ok(128, 4, 4, 32, 4)       # four groups per head
     assert not ok(128, 4, 4, 64, 9)       # two groups hold at most 8 query heads
     assert not ok(128, 2, 4, 64, 4) and not ok(256, 4, 4, 128, 4) and not ok(128, 4, 4, 128, 17)
-    monkeypatch.setattr(kernels, "backend", lambda: "metal")
+    monkeypatch.setattr(gpu, "backend", lambda: "metal")
     assert not ok(128, 4, 4, 64, 4)       # Metal keeps the scalar kernel (its mma is the shuffle emulation)
 
 
 def test_mma_kernel_source_names_shapes():
     "Both decode bodies take the token count and capacity from input shapes, not from a host-built params array."
-    for body in (kernels.AFFINE_DECODE_BODY, kernels.AFFINE_MMA_DECODE_BODY):
+    for body in (affine.AFFINE_DECODE_BODY, affine.AFFINE_MMA_DECODE_BODY):
         assert "nref_shape[0]" in body and "kw_shape[2]" in body and "params" not in body
-    src = kernels.cuda_source("x", kernels.AFFINE_MMA_DECODE_BODY, template=kernels.KERNELS["affine_mma_decode"][3], **kernels.AFFINE_DECODE_CU_TYPES)
+    src = gpu.cuda_source("x", affine.AFFINE_MMA_DECODE_BODY, template=gpu.KERNELS["affine_mma_decode"][3], **affine.AFFINE_DECODE_CU_TYPES)
     assert "const __grid_constant__ Shape nref_shape" in src and "const __grid_constant__ Shape kw_shape" in src
-    assert "mma.sync.aligned.m16n8k16" in kernels.COMPAT_CUDA and "vq_mma16816_emul" in kernels.COMPAT_METAL
+    assert "mma.sync.aligned.m16n8k16" in gpu.COMPAT_CUDA and "vq_mma16816_emul" in gpu.COMPAT_METAL
 
 
 def test_codebook_pair_table():
-    t = np.array(kernels.codebook_pair_table([-1.5, -0.5, 0.5, 1.5], 2))
+    t = np.array(turboquant.codebook_pair_table([-1.5, -0.5, 0.5, 1.5], 2))
     assert t.shape == (16,) and t.dtype == np.uint32
     h = lambda x: int(np.array([x], np.float16).view(np.uint16)[0])
     for x in range(4):
         for y in range(4):
             assert t[x | y << 2] == h([-1.5, -0.5, 0.5, 1.5][x]) | h([-1.5, -0.5, 0.5, 1.5][y]) << 16
     with pytest.raises(ValueError, match="2\\^bits"):
-        kernels.codebook_pair_table([0.0, 1.0, 2.0], 2)
+        turboquant.codebook_pair_table([0.0, 1.0, 2.0], 2)
 
 
 def test_tq_decode_support_rules(monkeypatch):
-    monkeypatch.setattr(kernels, "backend", lambda: "cuda")
-    ok = kernels.tq_decode_supported
+    monkeypatch.setattr(gpu, "backend", lambda: "cuda")
+    ok = turboquant.tq_decode_supported
     assert ok(128, 3, 3, 4) and ok(64, 1, 4, 16) and ok(128, 2.0, 4, 1)
     assert not ok(128, 2.5, 3, 4) and not ok(96, 3, 3, 4) and not ok(128, 3, 3, 17) and not ok(128, 5, 3, 4)
-    monkeypatch.setattr(kernels, "backend", lambda: None)
+    monkeypatch.setattr(gpu, "backend", lambda: None)
     assert not ok(128, 3, 3, 4)
 
 
@@ -208,7 +209,7 @@ def test_sign_score_identity(m, qb):
     est = lo * (2 * pb - m)[None] + delta * acc
     np.testing.assert_allclose(est, (lo + delta * ub) @ z.T, rtol=1e-12, atol=1e-9)
     # and the MLX reference computes the same estimator
-    ref = kernels.sign_scores_reference(mx.array(u[None, None].astype(np.float32)), mx.array(words[None, None]),
+    ref = qjl.sign_scores_reference(mx.array(u[None, None].astype(np.float32)), mx.array(words[None, None]),
                                         mx.ones((1, 1, 5, 1), mx.float16), 5, qb)
     np.testing.assert_allclose(np.array(ref)[0, 0], est * math.sqrt(math.pi / 2) / m, rtol=1e-4, atol=1e-4)
 
@@ -239,9 +240,9 @@ def test_fused_decode_parity(B, Hkv, rep, D, n, cap, kbits, vbits, gs, warps, mm
     sinks = mx.random.normal((Hkv * rep,))
     kr, vr = _reference(q, kd, vd, n, kbits, vbits, gs)
     ref = mx.fast.scaled_dot_product_attention(q, mx.concatenate([kr, ek], 2), mx.concatenate([vr, ev], 2), scale=D ** -0.5, mask=None, sinks=sinks)
-    part = Partial(lambda qq: kernels.affine_decode_attention(qq, kd, vd, n, kbits, vbits, gs, split=200, warps=warps, mma=mma), n)
+    part = Partial(lambda qq: affine.affine_decode_attention(qq, kd, vd, n, kbits, vbits, gs, split=200, warps=warps, mma=mma), n)
     out = blockwise_attention(q, n, [part], ek, ev, D ** -0.5, None, sinks)
-    tc = mma is None and kernels.mma_decode_supported(D, kbits, vbits, gs, rep)  # tensor cores: fp16 query and weights
+    tc = mma is None and affine.mma_decode_supported(D, kbits, vbits, gs, rep)  # tensor cores: fp16 query and weights
     np.testing.assert_allclose(np.array(out), np.array(ref), atol=2e-3 if tc else 2e-4, rtol=1e-2 if tc else 2e-3)
 
 
@@ -266,11 +267,11 @@ def test_mma_decode_parity(B, Hkv, rep, D, n, cap, gs, warps, split, emulate, dt
     kr, vr = _reference(q, kd, vd, n, 4, 4, gs)
     ref = mx.fast.scaled_dot_product_attention(q.astype(mx.float32), mx.concatenate([kr, ek.astype(mx.float32)], 2),
                                                mx.concatenate([vr, ev.astype(mx.float32)], 2), scale=D ** -0.5, mask=None, sinks=sinks)
-    out = kernels.affine_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sinks, 4, 4, gs, split=split, warps=warps, mma=True, emulate=emulate)
+    out = affine.affine_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sinks, 4, 4, gs, split=split, warps=warps, mma=True, emulate=emulate)
     assert out.dtype == dtype and out.shape == (B, Hkv * rep, 1, D)
     # fp16 products (query, softmax weights) and fp16 outputs: errors ~1e-3 of the output scale
     np.testing.assert_allclose(np.array(out.astype(mx.float32)), np.array(ref), atol=1e-2, rtol=1e-2)
-    err = float(mx.abs(out.astype(mx.float32) - ref).max()); scalar = kernels.affine_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sinks, 4, 4, gs, mma=False)
+    err = float(mx.abs(out.astype(mx.float32) - ref).max()); scalar = affine.affine_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sinks, 4, 4, gs, mma=False)
     assert err <= 3 * float(mx.abs(scalar.astype(mx.float32) - ref).max()) + 2e-3   # no worse than the float32 scalar kernel, within fp16 rounding
 
 
@@ -295,7 +296,7 @@ def test_tq_decode_parity(B, Hkv, rep, D, n, kbits, vbits, E, sinks, emulate, dt
     kr = kc.decode({a: x[:, :, :n] for a, x in kd.items()}); vr = vc.decode({a: x[:, :, :n] for a, x in vd.items()})
     ref = mx.fast.scaled_dot_product_attention(q.astype(mx.float32), mx.concatenate([kr, ek.astype(mx.float32)], 2),
                                                mx.concatenate([vr, ev.astype(mx.float32)], 2), scale=D ** -0.5, mask=None, sinks=sk)
-    out = kernels.tq_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sk, kc, vc, emulate=emulate)
+    out = turboquant.tq_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sk, kc, vc, emulate=emulate)
     assert out.dtype == dtype and out.shape == (B, Hkv * rep, 1, D)
     # fp16 products (query, weights, codebook values); the reference's rotations run in TF32 on CUDA
     np.testing.assert_allclose(np.array(out.astype(mx.float32)), np.array(ref), atol=2e-2, rtol=2e-2)
@@ -306,14 +307,14 @@ def test_tq_fused_decode_is_used_in_generation(tiny_model):
     "turboquant's cache routes decode steps through `tq_fused_decode` on CUDA (and the result matches the reference path)."
     import veloxquant as vq
     calls = []
-    orig = kernels.tq_fused_decode
+    orig = turboquant.tq_fused_decode
     try:
-        kernels.tq_fused_decode = lambda *a, **k: calls.append(1) or orig(*a, **k)
+        turboquant.tq_fused_decode = lambda *a, **k: calls.append(1) or orig(*a, **k)
         caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3))
         tiny_model(mx.array([[5] * 40]), cache=caches)
         mx.eval(tiny_model(mx.array([[7]]), cache=caches))
     finally:
-        kernels.tq_fused_decode = orig
+        turboquant.tq_fused_decode = orig
     assert calls
 
 
@@ -321,7 +322,7 @@ def test_tq_fused_decode_is_used_in_generation(tiny_model):
 def test_mma_refuses_unsupported_layouts():
     kd = dict(zip(("w", "scales", "biases"), mx.quantize(mx.zeros((1, 1, 64, 128), mx.float16), group_size=32, bits=4)))
     with pytest.raises(ValueError, match="tensor-core"):
-        kernels.affine_fused_decode(mx.zeros((1, 4, 1, 128), mx.float16), kd, kd, 10, mx.zeros((1, 1, 1, 128), mx.float16),
+        affine.affine_fused_decode(mx.zeros((1, 4, 1, 128), mx.float16), kd, kd, 10, mx.zeros((1, 1, 1, 128), mx.float16),
                                     mx.zeros((1, 1, 1, 128), mx.float16), 1.0, None, 4, 4, 32, mma=True)
 
 
@@ -342,9 +343,9 @@ def test_fused_decode_end_to_end_parity(B, Hkv, rep, D, n, E, sinks, dtype, spli
     kr, vr = _reference(q, kd, vd, n, 4, 4, 64)
     ref = mx.fast.scaled_dot_product_attention(q.astype(mx.float32), mx.concatenate([kr, ek.astype(mx.float32)], 2),
                                                mx.concatenate([vr, ev.astype(mx.float32)], 2), scale=D ** -0.5, mask=None, sinks=sk)
-    out = kernels.affine_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sk, 4, 4, 64, split=split)
+    out = affine.affine_fused_decode(q, kd, vd, n, ek, ev, D ** -0.5, sk, 4, 4, 64, split=split)
     assert out.dtype == dtype and out.shape == (B, Hkv * rep, 1, D)
-    tc = kernels.mma_decode_supported(D, 4, 4, 64, rep)  # the tensor-core kernel rounds the query and the weights to fp16
+    tc = affine.mma_decode_supported(D, 4, 4, 64, rep)  # the tensor-core kernel rounds the query and the weights to fp16
     tol = 2e-2 if dtype != mx.float32 else 2e-3 if tc else 2e-4
     np.testing.assert_allclose(np.array(out.astype(mx.float32)), np.array(ref), atol=tol, rtol=tol)
 
@@ -370,7 +371,7 @@ def test_fused_matches_reference_in_generation(tiny_model, method):
 def test_affine_append_parity(B, H, T, D, kbits, vbits, gs, dtype):
     mx.random.seed(3)
     k = (mx.random.normal((B, H, T, D)) * 3 + 0.5).astype(dtype); v = mx.random.normal((B, H, T, D)).astype(dtype)
-    fk, fv = kernels.affine_fused_append(k, v, kbits, vbits, gs)
+    fk, fv = affine.affine_fused_append(k, v, kbits, vbits, gs)
     for x, f, b in ((k, fk, kbits), (v, fv, vbits)):
         w, s, bi = mx.quantize(x.astype(mx.float16), group_size=gs, bits=b)
         assert f["w"].shape == w.shape and f["scales"].shape == s.shape and f["w"].dtype == mx.uint32 and f["scales"].dtype == mx.float16
@@ -391,7 +392,7 @@ def test_tq_append_parity(B, H, T, D, kbits, vbits, rot):
     mx.random.seed(4)
     k = mx.random.normal((B, H, T, D)).astype(mx.float16); v = (mx.random.normal((B, H, T, D)) * 0.1).astype(mx.float16)
     ck, cv = TurboQuantCodec(D, kbits, 0, rot), TurboQuantCodec(D, vbits, 0, rot)
-    fk, fv = kernels.tq_fused_append(k, v, ck.R, ck.groups[0][4], cv.groups[0][4])
+    fk, fv = turboquant.tq_fused_append(k, v, ck.R, ck.groups[0][4], cv.groups[0][4])
     R = np.array(ck.R).astype(np.float64)
     for x, f, c, b in ((k, fk, ck, kbits), (v, fv, cv, vbits)):
         ref = c.encode(x)
@@ -415,7 +416,7 @@ def test_sign_scores_parity(B, Hkv, rep, m, n, cap, qb):
     u = mx.random.normal((B, Hkv, rep, m))
     signs = pack_bits((mx.random.normal((B, Hkv, cap, m)) > 0).astype(mx.uint32), 1)
     norms = (mx.random.uniform(shape=(B, Hkv, cap, 1)) * 4).astype(mx.float16)
-    out = kernels.sign_scores(u, signs, norms, n, qb)
+    out = qjl.sign_scores(u, signs, norms, n, qb)
     assert out.shape == (B, Hkv, rep, n) and out.dtype == mx.float32
     # exact float64 version of the same estimator (the MLX reference's matmul runs in TF32 on CUDA)
     un = np.array(u).astype(np.float64)
@@ -425,4 +426,4 @@ def test_sign_scores_parity(B, Hkv, rep, m, n, cap, qb):
     z = np.array(unpack_bits(signs[:, :, :n], 1, m)).astype(np.float64) * 2 - 1
     ref = np.einsum("bhrm,bhnm->bhrn", ut, z) * math.sqrt(math.pi / 2) / m * np.array(norms[:, :, :n, 0].astype(mx.float32))[:, :, None]
     np.testing.assert_allclose(np.array(out), ref, atol=1e-4, rtol=1e-4)
-    np.testing.assert_allclose(np.array(kernels.sign_scores_reference(u, signs, norms, n, qb)), ref, atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(np.array(qjl.sign_scores_reference(u, signs, norms, n, qb)), ref, atol=2e-2, rtol=2e-2)

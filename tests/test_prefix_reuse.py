@@ -9,7 +9,7 @@ from mlx_lm.models.cache import (LRUPromptCache, can_trim_prompt_cache, load_pro
                                  trim_prompt_cache)
 
 import veloxquant as vq
-from veloxquant.cli import parse_method
+from veloxquant.core import parse_method
 from test_batch import sharp_model, batched, one_by_one  # noqa: F401  (fixture and helpers)
 
 PREFIX = [(5 * j + 1) % 128 for j in range(45)]

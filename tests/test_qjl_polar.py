@@ -6,7 +6,8 @@ import pytest
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
 import veloxquant as vq
-from veloxquant import kernels
+from veloxquant import gpu
+from veloxquant.methods import qjl
 from veloxquant.methods.qjl import QJL_QUERY_BITS, QJLKeyCodec
 from veloxquant.methods.polar import PolarKeyCodec
 
@@ -151,17 +152,17 @@ def test_qjl_scores_match_sign_score_reference(m, rep, L):
     up to the query quantization (within its hard bound; RMS < 2% of the estimator's own error)."""
     codec, enc, q, k = _qjl_scores_case(m, rep, L, use_kernels=False)
     ref = codec.scores(q, enc)                                                  # MLX path, unquantized S q
-    got = codec.kernel_scores(q, enc, kernels.sign_scores_reference)
+    got = codec.kernel_scores(q, enc, qjl.sign_scores_reference)
     assert got.shape == ref.shape == (1, 3, rep, L, k.shape[2]) and got.dtype == mx.float32
     diff = mx.abs(got - ref)
     assert (diff <= _query_bound(codec, q, enc, QJL_QUERY_BITS) * 1.001 + 1e-4).all().item()
     est_err = mx.sqrt(((ref - q @ mx.expand_dims(k, 2).swapaxes(-1, -2)) ** 2).mean()).item()
     assert mx.sqrt((diff ** 2).mean()).item() < 0.02 * est_err
     if L == 1:  # the layout by hand, without the adapter: u [B, Hkv, rep, m], signs/norms as stored
-        direct = kernels.sign_scores_reference((q @ codec.ST)[..., 0, :], enc["signs"], enc["norm"], k.shape[2], QJL_QUERY_BITS)
+        direct = qjl.sign_scores_reference((q @ codec.ST)[..., 0, :], enc["signs"], enc["norm"], k.shape[2], QJL_QUERY_BITS)
         np.testing.assert_allclose(np.array(direct), np.array(got[..., 0, :]), rtol=1e-5, atol=1e-5)
     # fewer bit planes: larger error, still within its bound (the bound is what the adapter's tolerance rests on)
-    got4 = codec.kernel_scores(q, enc, lambda u, s, nk, t, _: kernels.sign_scores_reference(u, s, nk, t, 4))
+    got4 = codec.kernel_scores(q, enc, lambda u, s, nk, t, _: qjl.sign_scores_reference(u, s, nk, t, 4))
     d4 = mx.abs(got4 - ref)
     assert (d4 <= _query_bound(codec, q, enc, 4) * 1.001 + 1e-4).all().item()
     assert mx.sqrt((d4 ** 2).mean()).item() > 4 * mx.sqrt((diff ** 2).mean()).item()
@@ -169,7 +170,7 @@ def test_qjl_scores_match_sign_score_reference(m, rep, L):
 
 def test_qjl_kernel_path_selection():
     q1, q_many = mx.zeros((1, 3, 3, 1, 64)), mx.zeros((1, 3, 3, 4, 64))   # 3 and 12 query rows per KV head
-    assert QJLKeyCodec(64, 128).kernel_applies(q1) == (kernels.backend() is not None)
+    assert QJLKeyCodec(64, 128).kernel_applies(q1) == (gpu.backend() is not None)
     assert not QJLKeyCodec(64, 128, use_kernels=False).kernel_applies(q1)
     assert not QJLKeyCodec(64, 96).kernel_applies(q1)                    # m not a multiple of 128
     assert not QJLKeyCodec(64, 128).kernel_applies(q_many)               # prefill-sized chunk: MLX path
@@ -216,8 +217,8 @@ def test_qjl_cache_decode_kernel_vs_mlx_gpu():
 def test_qjl_kernel_in_generation_gpu(tiny_model, monkeypatch):
     "GPU: decode steps of the tiny model through `qjl` caches call the kernel (use_kernels=True) and give the MLX path's logits."
     calls = []
-    real_fn = kernels.sign_scores
-    monkeypatch.setattr(kernels, "sign_scores", lambda *a, **k: calls.append(1) or real_fn(*a, **k))
+    real_fn = qjl.sign_scores
+    monkeypatch.setattr(qjl, "sign_scores", lambda *a, **k: calls.append(1) or real_fn(*a, **k))
     toks = [i % 120 + 3 for i in range(300)]
     outs = []
     for uk in (True, False):

@@ -155,7 +155,7 @@ def test_turboquant_bad_config(kwargs, msg):
                                   "turboquant:key_bits=3,value_bits=2,center=true",
                                   "turboquant:key_bits=2.5,value_bits=3,variant=prod,center=true"])
 def test_turboquant_save_load_roundtrip(tiny_model, tmp_path, spec):
-    from veloxquant.cli import parse_method
+    from veloxquant.core import parse_method
     cfg = parse_method(spec)
     caches = vq.KVCacheBuilder.for_model(tiny_model, cfg)
     feed(tiny_model, caches, [i % 120 + 3 for i in range(300)], (290, 1, 1, 8))

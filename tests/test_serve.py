@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 import veloxquant as vq
-from veloxquant.cli import parse_method
+from veloxquant.core import parse_method
 
 METHOD = "affine:key_bits=8,value_bits=8"  # 8-bit: batched tokens equal one-by-one ones (see test_batch)
 MAX_TOKENS = 10

@@ -4,7 +4,8 @@ import pytest
 import mlx.core as mx
 from mlx_lm.models.cache import save_prompt_cache, load_prompt_cache
 import veloxquant as vq
-from veloxquant.core import KVCacheConfig, KVCacheBuilder, cache_report, method_ids
+from veloxquant.core import KVCacheConfig, cache_report, method_ids
+from veloxquant.builder import KVCacheBuilder
 from veloxquant.cache import VQCache
 from veloxquant.methods.fp16 import IdentityCodec
 

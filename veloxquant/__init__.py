@@ -5,7 +5,8 @@ __version__ = "0.1.0"
 __all__ = []
 
 # %% ../nbs/index.ipynb #d23f9bea
-from .core import KVCacheConfig, KVCacheBuilder, compress, decompress, cache_report, method_ids, get_method
+from .core import KVCacheConfig, cache_report, method_ids, get_method, parse_method
+from .builder import KVCacheBuilder, compress, decompress
 from .cache import VQCache, Codec
 from .attention import install, uninstall
 from . import models

@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 import mlx.core as mx
 import mlx_lm.models.base as mlx_base
-from .cache import VQCache
 
 # %% auto #0
 __all__ = ['Partial', 'blockwise_attention', 'dense_blocks', 'dispatch', 'install', 'uninstall', 'is_installed', 'attention_hook',
@@ -114,8 +113,10 @@ _ORIGINAL = getattr(mlx_base.scaled_dot_product_attention, "_vq_original", mlx_b
 _HOOKS: list = []
 
 def dispatch(queries, keys, values, cache, scale: float, mask, sinks=None):
-    "Drop-in for `mlx_lm.models.base.scaled_dot_product_attention`: veloxquant caches attend themselves."
-    if isinstance(cache, VQCache):
+    """Drop-in for `mlx_lm.models.base.scaled_dot_product_attention`: a cache whose class sets `attends_itself`
+    (every `veloxquant.cache.VQCache`) computes the attention in `cache.attend(queries, keys, values, scale=, mask=,
+    sinks=)`; any other cache goes to mlx-lm's own function."""
+    if getattr(cache, "attends_itself", False):
         if queries.shape[2] == 0:  # an empty step (zero new tokens): nothing to attend with
             return mx.zeros((*queries.shape[:3], values.shape[-1]), queries.dtype)
         out = cache.attend(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
@@ -163,7 +164,7 @@ def probe_dispatch(model) -> None:
     caches = model.make_cache(); seen = set()
     with attention_hook(lambda c, *a: seen.add(id(c))):
         mx.eval(model(mx.array([[0]]), cache=caches))
-    missed = [i for i, c in enumerate(caches) if isinstance(c, VQCache) and id(c) not in seen]
+    missed = [i for i, c in enumerate(caches) if getattr(c, "attends_itself", False) and id(c) not in seen]
     if missed:
         raise ValueError(f"model family {type(model).__module__!r} computes attention without "
                          f"mlx_lm.models.base.scaled_dot_product_attention (layers {missed[:5]}...); "

@@ -10,8 +10,9 @@ import mlx_lm.models.cache as mlx_cache
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 from .core import KVCacheConfig
-from .cache import VQCache, TokenStore, block_tokens, register_cache_class
+from .cache import VQCache, TokenStore, block_tokens, register_cache_class, register_batch_merge
 from .attention import blockwise_attention
+from .methods.fp16 import FP16Cache
 
 # %% auto #0
 __all__ = ['roll_rows', 'VQBatchCache', 'FP16BatchCache', 'merge_caches']
@@ -348,7 +349,6 @@ class FP16BatchCache(BatchKVCache):
 
     @classmethod
     def merge(cls, caches):
-        from veloxquant.methods.fp16 import FP16Cache
         kvs = []
         for c in caches:
             if type(c) is not FP16Cache: raise ValueError(f"cannot batch a {type(c).__name__} with fp16 caches")
@@ -387,6 +387,8 @@ def merge_caches(caches: list):
     """The batch cache for per-sequence veloxquant caches of one layer: `FP16BatchCache` for `fp16`
     (default settings), `VQBatchCache` for every other method. `ValueError` when the caches cannot be
     batched (mixed methods, grouped or stateful codecs)."""
-    from veloxquant.methods.fp16 import FP16Cache
     if caches and all(type(c) is FP16Cache for c in caches): return FP16BatchCache.merge(caches)
     return VQBatchCache.merge(caches)
+
+register_batch_merge(merge_caches)  # `VQCache.merge` (mlx-lm's batch hook) calls it
+

@@ -10,9 +10,10 @@ import mlx.nn as nn
 import mlx_lm.models.cache as mlx_cache
 from mlx_lm.models.cache import _BaseCache, create_attention_mask
 from .core import KVCacheConfig, MethodConfig, check_int
+from .attention import install, blockwise_attention, dense_blocks
 
 # %% auto #0
-__all__ = ['VQCache', 'Codec', 'TokenStore', 'block_tokens', 'register_cache_class']
+__all__ = ['VQCache', 'Codec', 'TokenStore', 'block_tokens', 'register_batch_merge', 'register_cache_class']
 
 # %% ../nbs/01_cache.ipynb #b0bac49e
 class Codec:
@@ -83,12 +84,13 @@ class VQCache(_BaseCache):
     arXiv 2309.17453 §3; KVQuant, Hooper et al. 2024, arXiv 2401.18079 §3.5), never encoded.
     `fused_decode(key_codec, value_codec)`, if given, returns a function `(queries, k_arrays, v_arrays,
     n, exact_keys, exact_values, scale, sinks) -> output` that computes a decode step's attention
-    with fused kernels (see `veloxquant.kernels`; the function may return None for a shape it does not
+    with fused kernels (see the methods' kernels, e.g. `veloxquant.methods.affine`; the function may return None for a shape it does not
     take, and the reference path runs), or None where it does not apply.
     `fused_encode(key_codec, value_codec)`, if given, returns a function `(keys, values) -> (key_arrays,
     value_arrays)` that encodes new tokens exactly as the codecs' `encode` would, in fused kernels, or None.
     Keys/values arrive as [B, n_kv_heads, T, head_dim] (keys after RoPE)."""
     block_size = None  # tokens per history block; None: `block_tokens` (adapts to the number of queries)
+    attends_itself = True  # the dispatcher's protocol: mlx-lm's attention call goes to `attend`
 
     def __init__(self, config: KVCacheConfig, make_codecs, window: int = 0, fused_decode=None, fused_encode=None,
                  sinks: int = 0):
@@ -108,7 +110,6 @@ class VQCache(_BaseCache):
     # -- codecs ---------------------------------------------------------------------------------
     def _ensure_codecs(self, kd: int, vd: int):
         if self.k_codec is None:
-            from veloxquant.attention import install
             install()  # without the dispatcher mlx-lm would attend over the step's tokens only
             self.dims = (kd, vd)
             self.k_codec, self.v_codec = self._make_codecs(kd, vd)
@@ -172,7 +173,6 @@ class VQCache(_BaseCache):
 
     def attend(self, queries, keys, values, scale, mask, sinks=None):
         "Attention of `queries` [B, Hq, L, D] over the whole cache; see `veloxquant.attention.blockwise_attention`."
-        from veloxquant.attention import blockwise_attention
         ek, ev = keys, values
         if self.k_exact is not None:
             ek = mx.concatenate([self.k_exact.astype(keys.dtype), keys], axis=2)
@@ -200,7 +200,6 @@ class VQCache(_BaseCache):
             if out is None:
                 blocks = self._blocks(self.block_size or block_tokens(queries.shape[2], queries.shape[1]))
                 if sk:  # the sink tokens come first in position order: one exact block before the codes
-                    from veloxquant.attention import dense_blocks
                     blocks = (b for part in (dense_blocks(*sk, sk[0].shape[2]), blocks) for b in part)
                 out = blockwise_attention(queries, self.n_sink + n, blocks, ek, ev, scale, mask, sinks)
         if self.pending is not None: self._flush()
@@ -234,9 +233,11 @@ class VQCache(_BaseCache):
 
     @classmethod
     def merge(cls, caches):
-        "mlx-lm's batch hook (`BatchGenerator`, `batch_generate`, the server): per-sequence caches → one batch cache, see `veloxquant.batch`."
-        from veloxquant.batch import merge_caches
-        return merge_caches(caches)
+        """mlx-lm's batch hook (`BatchGenerator`, `batch_generate`, the server): per-sequence caches → one batch
+        cache, built by the function that `veloxquant.batch` (a higher layer, imported by `import veloxquant`)
+        registers with `register_batch_merge`."""
+        if _BATCH_MERGE[0] is None: raise RuntimeError("no batch merge registered: import veloxquant (veloxquant.batch registers it)")
+        return _BATCH_MERGE[0](caches)
 
     def trim(self, n: int) -> int:
         "Drop the last `n` tokens (exact window first, then codes, then sink tokens); returns the number dropped. `ValueError` for n < 0."
@@ -326,6 +327,13 @@ class VQCache(_BaseCache):
         stored = self.n_sink + self.k_store.length + (0 if self.k_exact is None else self.k_exact.shape[2])
         if stored != self.offset:
             raise ValueError(f"corrupt cache state: offset={self.offset} but {stored} tokens stored")
+
+_BATCH_MERGE = [None]
+
+def register_batch_merge(fn) -> None:
+    "Set the function `VQCache.merge` calls (`veloxquant.batch.merge_caches`): the batch layer plugs in from above."
+    if not callable(fn): raise ValueError(f"batch merge must be callable, got {type(fn).__name__}")
+    _BATCH_MERGE[0] = fn
 
 def register_cache_class(cls):
     "Make `cls` loadable by `mlx_lm.models.cache.load_prompt_cache` (it looks class names up in that module)."

@@ -6,31 +6,12 @@
 from __future__ import annotations
 import argparse, json, os, sys, time
 import mlx.core as mx
-from .core import KVCacheConfig, compress, decompress, cache_report, method_ids, get_method
+from .core import KVCacheConfig, cache_report, method_ids, get_method, parse_method
+from .builder import compress, decompress
+from .models import MLX_KV_FLAGS, is_mlx_kv_flag, split_model_flag, check_model_arg
 
 # %% auto #0
-__all__ = ['MLX_KV_FLAGS', 'parse_method', 'run_method', 'print_table', 'is_mlx_kv_flag', 'split_model_flag', 'check_model_arg',
-           'demo', 'generate_main', 'eval_main', 'int_list', 'benchmark_main', 'main']
-
-# %% ../nbs/08_cli.ipynb #155d4f6a
-def _value(s: str):
-    if s.lower() in ("true", "false"): return s.lower() == "true"
-    for t in (int, float):
-        try: return t(s)
-        except ValueError: pass
-    return s
-
-def parse_method(spec: str) -> KVCacheConfig:
-    "Parse `'id:opt=val,opt=val'` into a `KVCacheConfig`; `ValueError` for malformed options or values."
-    mid, _, rest = spec.strip().partition(":")
-    opts = {}
-    for item in ([x.strip() for x in rest.split(",")] if rest.strip() else []):
-        if not item: raise ValueError(f"method spec {spec!r} has an empty option (two commas in a row or a trailing comma)")
-        k, eq, v = item.partition("=")
-        if not eq: raise ValueError(f"method option {item!r} in {spec!r} must look like name=value")
-        if k.strip() in opts: raise ValueError(f"method option {k.strip()!r} is given twice in {spec!r}")
-        opts[k.strip()] = _value(v.strip())
-    return KVCacheConfig(mid.strip(), **opts)
+__all__ = ['run_method', 'print_table', 'demo', 'generate_main', 'eval_main', 'int_list', 'benchmark_main', 'main']
 
 # %% ../nbs/08_cli.ipynb #38194602
 def _maybe_reexec_with_openblas(argv):
@@ -94,37 +75,6 @@ def print_table(rows: list[dict], file=None) -> None:
     out = [" | ".join(h.ljust(w[i]) for i, h in enumerate(heads)), "-+-".join("-" * x for x in w)]
     out += [" | ".join(c.ljust(w[i]) for i, c in enumerate(l)) for l in lines]
     print("\n".join(out), file=file)
-
-MLX_KV_FLAGS = ("--kv-bits", "--kv-group-size", "--quantized-kv-start", "--max-kv-size")
-
-def is_mlx_kv_flag(arg: str) -> bool:
-    """True for mlx-lm's own KV-cache flags (`MLX_KV_FLAGS`), also abbreviated as argparse accepts them
-    (`--kv-bit`, `--max-kv`, `--quantized`...): veloxquant's `--method` replaces that cache."""
-    a = arg.split("=")[0]
-    return a.startswith("--") and len(a) > 4 and any(f.startswith(a) for f in MLX_KV_FLAGS) \
-        and (a.startswith(("--kv", "--quantized", "--max-k")))
-
-def split_model_flag(args: list[str]) -> list[str]:
-    "`['--model=X', ...]` -> `['--model', 'X', ...]` so the model argument is checked and resolved in one form."
-    out = []
-    for a in args:
-        out += ["--model", a.split("=", 1)[1]] if a.startswith("--model=") else [a]
-    return out
-
-def check_model_arg(model_path) -> None:
-    """`ValueError` unless `model_path` is None, a name in `veloxquant.models.NAMED_MODELS`, an existing folder with
-    a `config.json` (an mlx_lm model folder), or something shaped like a hub id (`org/name`)."""
-    if not model_path: return
-    from veloxquant.models import NAMED_MODELS
-    s = str(model_path); p = os.path.expanduser(s)
-    if s in NAMED_MODELS: return
-    if os.path.exists(p):
-        if not (os.path.isdir(p) and os.path.exists(os.path.join(p, "config.json"))):
-            raise ValueError(f"model={s!r}: not an mlx_lm model folder (no config.json in it)")
-        return
-    if s.startswith(("/", ".", "~")) or s.count("/") != 1:
-        raise ValueError(f"model={s!r}: no such folder, and not a hub id (org/name) or a named model "
-                         f"({', '.join(NAMED_MODELS)})")
 
 def demo(method: str = "affine:key_bits=4,value_bits=4", model_path: str | None = None, prompt_tokens: int = 2048,
          max_tokens: int = 48, heldout_tokens: int = 64, out: str | None = None) -> list[dict]:
@@ -230,7 +180,7 @@ def int_list(name: str, lo: int, hi: int, choices=None, single: bool = False):
 
 def benchmark_main(argv):
     "`veloxquant benchmark [--seq-lens ...] [--batches ...] [--head-dims ...] [--append] [--generate] [--out FILE]`."
-    from veloxquant.kernels import benchmark_decode, print_benchmark, benchmark_generate, benchmark_append, benchmark_sign_scores, benchmark_tq_decode
+    from veloxquant.bench import benchmark_decode, print_benchmark, benchmark_generate, benchmark_append, benchmark_sign_scores, benchmark_tq_decode
     p = argparse.ArgumentParser(prog="veloxquant benchmark", description="decode-attention latency and bandwidth")
     p.add_argument("--seq-lens", type=int_list("seq_lens", 1, 1 << 20), default="1024,4096,16384,32768,131072",
                    help="comma-separated cached-token counts (default: %(default)s)")
@@ -248,7 +198,7 @@ def benchmark_main(argv):
     if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
         p.error(f"--out {a.out!r}: folder {os.path.dirname(os.path.abspath(a.out))!r} does not exist")
     if a.out and os.path.isdir(a.out): p.error(f"--out {a.out!r} is a folder; give a file name")
-    from veloxquant.kernels import backend
+    from veloxquant.gpu import backend
     if backend() is None and (a.append or a.generate):
         print("no GPU back-end: --append/--generate need one and are skipped (the decode table runs the reference variants only)")
     rows = benchmark_decode(a.seq_lens, a.batches, a.head_dims, bits=a.bits, repeats=a.repeats[0])

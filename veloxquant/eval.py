@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib, dataclasses, importlib, json, math, os, random, re, time
 import numpy as np
 import mlx.core as mx
-from .core import KVCacheConfig, KVCacheBuilder, cache_report, method_ids, get_method, _layers
+from .core import KVCacheConfig, cache_report, method_ids, get_method, parse_method
+from .builder import KVCacheBuilder, _layers
 
 # %% auto #0
 __all__ = ['STANDARD_SETTINGS', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'NIAH_ANSWER_PREFIX', 'TASKS', 'prefill', 'score_continuation',
@@ -498,7 +499,6 @@ def eval_report(model_path=None, methods: str | None = None, tasks="ppl,kl,niah,
     registered method at its standard settings), print the table, and with `out` write the JSON and
     the charts next to it. Returns the records. Raises `ValueError` for bad specs or sizes."""
     from veloxquant.models import load_model, openblas_preloaded
-    from veloxquant.cli import parse_method
     tasks = parse_tasks(tasks)
     configs = standard_configs() if methods in (None, "", "standard") else [parse_method(s) for s in methods.split(";") if s.strip()]
     if not configs: raise ValueError(f"methods={methods!r} names no method; give 'id:opt=val,...' specs separated by ';'")

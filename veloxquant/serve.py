@@ -6,7 +6,9 @@
 from __future__ import annotations
 import argparse, json, logging, sys, threading, time
 import mlx.core as mx
-from .core import KVCacheConfig, compress, cache_report, method_ids
+from .core import KVCacheConfig, cache_report, method_ids, parse_method
+from .builder import compress
+from .models import is_mlx_kv_flag, split_model_flag, check_model_arg
 
 # %% auto #0
 __all__ = ['SERVE_HELP', 'PROMPTS', 'ServeStats', 'batch_generator_class', 'handler_class', 'serve_main', 'serve_throughput',
@@ -111,12 +113,10 @@ def serve_main(argv: list[str]) -> None:
     ns, rest = p.parse_known_args(argv)
     wants_help = "-h" in rest or "--help" in rest
     if wants_help: print(SERVE_HELP.format(methods=", ".join(method_ids())))
-    from veloxquant.cli import parse_method
     try:
         config = parse_method(ns.method)
     except ValueError as e:
         print(f"veloxquant serve: error: {e}", file=sys.stderr); sys.exit(2)
-    from veloxquant.cli import is_mlx_kv_flag, split_model_flag
     rest = split_model_flag(rest)
     bad = [a for a in rest if is_mlx_kv_flag(a)]
     opts = config.to_dict()
@@ -131,7 +131,6 @@ def serve_main(argv: list[str]) -> None:
         from veloxquant.models import default_model_path
         rest = ["--model", str(default_model_path())] + rest
     elif not wants_help:
-        from veloxquant.cli import check_model_arg
         from veloxquant.models import resolve_model
         i = rest.index("--model") + 1 if "--model" in rest else None
         given = rest[i] if i is not None and i < len(rest) else next((a.split("=", 1)[1] for a in rest if a.startswith("--model=")), None)

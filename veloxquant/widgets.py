@@ -205,7 +205,8 @@ def capture_keys(model=None, tokenizer=None, n_tokens: int = 512, offset: int = 
     with a tqdm bar when `progress`; the result is cached in memory per (model, n_tokens, offset).
     Raises `ValueError` for `n_tokens` < 16, `offset` < 0 or `step` < 1."""
     import mlx.core as mx
-    from veloxquant.core import KVCacheConfig, KVCacheBuilder
+    from veloxquant.core import KVCacheConfig
+    from veloxquant.builder import KVCacheBuilder
     from veloxquant.models import load_model, eval_tokens
     if type(n_tokens) is not int or n_tokens < 16: raise ValueError(f"n_tokens={n_tokens!r} is not allowed; allowed: integers >= 16")
     if type(offset) is not int or offset < 0: raise ValueError(f"offset={offset!r} is not allowed; allowed: integers >= 0")

@@ -8,10 +8,18 @@ from dataclasses import dataclass
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int, check_bool
 from ..cache import Codec, VQCache
-from .. import kernels
+import veloxquant.gpu as gpu
+from ..gpu import (
+    DECODE_PARTIAL_OUTPUTS, DECODE_WARPS, MERGE_WARPS, MMA_TARGET_GROUPS, MMA_TOKENS, MMA_WARPS, decode_split,
+    register_kernel, _MMA_CHUNK_TAIL, _MMA_DEFINE, _MMA_ONLINE_SOFTMAX, _check_step, _float_bits, _is_int, _kernel,
+    _merge_partials, _nref, _pack, _smem_limit)
 
 # %% auto #0
-__all__ = ['AFFINE_BITS', 'METHOD', 'AffineConfig', 'AffineCodec']
+__all__ = ['AFFINE_BITS', 'METHOD', 'AFFINE_DECODE_BODY', 'AFFINE_DECODE_INPUTS', 'AFFINE_DECODE_OUTPUTS',
+           'AFFINE_MMA_DECODE_BODY', 'AFFINE_MMA_DECODE_INPUTS', 'AFFINE_APPEND_BODY', 'AFFINE_APPEND_INPUTS',
+           'AFFINE_APPEND_OUTPUTS', 'AFFINE_DECODE_CU_TYPES', 'AFFINE_APPEND_CU_TYPES', 'AffineConfig', 'AffineCodec',
+           'affine_decode_supported', 'mma_decode_supported', 'affine_decode_attention', 'affine_fused_decode',
+           'affine_append_supported', 'affine_fused_append']
 
 # %% ../../nbs/methods/affine.ipynb #e673249c
 AFFINE_BITS = (2, 3, 4, 5, 6, 8)
@@ -20,7 +28,7 @@ AFFINE_BITS = (2, 3, 4, 5, 6, 8)
 class AffineConfig(MethodConfig):
     """Options of `affine`: `key_bits`, `value_bits` in {2, 3, 4, 5, 6, 8}; `group_size` in {32, 64, 128}
     (must divide head_dim); `window` ≥ 0 most recent tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `use_kernels`: on a GPU,
-    decode steps use the fused decode-attention kernels of `veloxquant.kernels` where they apply (False: MLX reference)."""
+    decode steps use the fused decode-attention kernels of this module where they apply (False: MLX reference)."""
     key_bits: int = 4
     value_bits: int = 4
     group_size: int = 64
@@ -49,10 +57,10 @@ class AffineCodec(Codec):
     def _q(self, blk, dtype):
         return (mx.expand_dims(blk["w"], 2), mx.expand_dims(blk["scales"].astype(dtype), 2), mx.expand_dims(blk["biases"].astype(dtype), 2))
     def scores(self, q, blk):
-        if kernels.backend() == "cuda": return super().scores(q, blk)  # see below
+        if gpu.backend() == "cuda": return super().scores(q, blk)  # see below
         return mx.quantized_matmul(q, *self._q(blk, q.dtype), transpose=True, group_size=self.gs, bits=self.bits)
     def mix(self, p, blk):
-        if kernels.backend() == "cuda": return super().mix(p, blk)
+        if gpu.backend() == "cuda": return super().mix(p, blk)
         return mx.quantized_matmul(p, *self._q(blk, p.dtype), transpose=False, group_size=self.gs, bits=self.bits)
 
 def _make(config: KVCacheConfig):
@@ -60,15 +68,576 @@ def _make(config: KVCacheConfig):
     codecs = lambda kd, vd: (AffineCodec(kd, cfg.key_bits, cfg.group_size), AffineCodec(vd, cfg.value_bits, cfg.group_size))
     def fused(kc, vc):  # the fused decode kernel where it applies (GPU back-end, supported layout)
         kd, vd = kc.head_dim, vc.head_dim
-        if not (cfg.use_kernels and kd == vd and kernels.affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size)):
+        if not (cfg.use_kernels and kd == vd and affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size)):
             return None
         def run(queries, k, v, n, ek, ev, scale, sinks):
-            if not kernels.affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size, queries.shape[1] // ek.shape[1]):
+            if not affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size, queries.shape[1] // ek.shape[1]):
                 return None  # too many query heads per kv head for threadgroup memory: the reference path
-            return kernels.affine_fused_decode(queries, k, v, n, ek, ev, scale, sinks, cfg.key_bits, cfg.value_bits, cfg.group_size)
+            return affine_fused_decode(queries, k, v, n, ek, ev, scale, sinks, cfg.key_bits, cfg.value_bits, cfg.group_size)
         return run
     # Appends stay on `mx.quantize` (two native dispatches): on the H200 it is faster than the one-dispatch
-    # `kernels.affine_fused_append` (0.57-0.64x, see the kernels notebook), so that kernel is not wired in here.
+    # `affine_fused_append` (0.57-0.64x, see nbs/13_bench.ipynb), so that kernel is not wired in here.
     return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_decode=fused)
 
 METHOD = register_method("affine", AffineConfig, _make, "group affine quantization (mx.quantize), as mlx-lm's QuantizedKVCache")
+
+# %% ../../nbs/methods/affine.ipynb #754773bd
+AFFINE_DECODE_BODY = r"""
+// q: [ROWS, D] queries in the model dtype (unscaled), ROWS = B*Hkv*REP; kw/vw: [B*Hkv, CAP, D*KBITS/32 | D*VBITS/32]
+// uint32 codes (mx.quantize layout, LSB first); ks, kb, vs, vb: [B*Hkv, CAP, D/G] fp16 scales/biases;
+// nref: any array of shape [n] (n = tokens to attend; only its shape is read); template SPLIT (tokens per chunk),
+// SCALE (float bits of the softmax scale).
+// Out m, l: [ROWS, NS]; acc: [ROWS, NS, D] (unnormalised), NS = ceil(n / split).
+constexpr int NG = D / G, KWPT = D * KBITS / 32, VWPT = D * VBITS / 32;
+constexpr int KPW = 32 / KBITS, VPW = 32 / VBITS;
+constexpr uint KMASK = (1u << KBITS) - 1u, VMASK = (1u << VBITS) - 1u;
+constexpr int VLPT = D / 16, VTPI = 32 / VLPT, VW = VBITS / 2;  // value pass: VLPT lanes per token, 16 channels (VW words) per lane
+constexpr uint MAGIC = 0x4B000000u;                              // as_float(MAGIC | c) = 2^23 + c exactly
+VQ_SHARED_A16 float qs[REP * D];
+VQ_SHARED float qg[REP * NG];
+VQ_SHARED float wm[NW * REP], wl[NW * REP];
+VQ_SHARED float wacc[NW * REP * D];
+const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
+const float scale = vq_as_float(SCALE);
+const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
+const int t0 = chunk * split, t1 = min(n, t0 + split);
+for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
+vq_barrier();
+for (int i = vq_tid; i < REP * NG; i += 32 * NW) {
+  float a = 0.0f;
+  for (int d = 0; d < G; d++) a += qs[(i / NG) * D + (i % NG) * G + d];
+  qg[i] = a;
+}
+vq_barrier();
+const long base = (long)bh * cap;
+const int vsub = vq_lane % VLPT, vtok = vq_lane / VLPT, vg = vsub * 16 / G;
+float m[REP], lsum[REP], accb[REP], acc[REP][16];
+VQ_UNROLL
+for (int r = 0; r < REP; r++) {
+  m[r] = VQ_NEG_INF; lsum[r] = 0.0f; accb[r] = 0.0f;
+  VQ_UNROLL
+  for (int c = 0; c < 16; c++) acc[r][c] = 0.0f;
+}
+for (int tt = t0 + (int)vq_warp * 32; tt < t1; tt += 32 * NW) {
+  const int t = tt + (int)vq_lane;
+  const bool valid = t < t1;
+  // issue every load of the tile first (keys: one token per lane; values: VLPT steps of VTPI tokens), one round trip
+  uint kr[KWPT];
+  float ksc[NG], kbi[NG];
+  if (valid) {
+    VQ_UNROLL
+    for (int i = 0; i < KWPT; i += 4) {
+      const uint4 u = vq_load4(kw, (base + t) * KWPT + i);
+      kr[i] = u.x; kr[i + 1] = u.y; kr[i + 2] = u.z; kr[i + 3] = u.w;
+    }
+    VQ_UNROLL
+    for (int g = 0; g < NG; g++) { ksc[g] = vq_float(ks[(base + t) * NG + g]); kbi[g] = vq_float(kb[(base + t) * NG + g]); }
+  } else {
+    VQ_UNROLL
+    for (int i = 0; i < KWPT; i++) kr[i] = 0u;
+    VQ_UNROLL
+    for (int g = 0; g < NG; g++) { ksc[g] = 0.0f; kbi[g] = 0.0f; }
+  }
+  uint vr[VLPT][4];
+  float vsc[VLPT], vbi[VLPT];
+  VQ_UNROLL
+  for (int it = 0; it < VLPT; it++) {
+    const int tv = tt + it * VTPI + vtok;
+    vr[it][0] = vr[it][1] = vr[it][2] = vr[it][3] = 0u; vsc[it] = 0.0f; vbi[it] = 0.0f;
+    if (tv < t1) {
+      const long tok = base + tv;
+      if (VW == 4) { const uint4 u = vq_load4(vw, tok * VWPT + vsub * 4); vr[it][0] = u.x; vr[it][1] = u.y; vr[it][2] = u.z; vr[it][3] = u.w; }
+      else if (VW == 2) { const uint2 u = vq_load2(vw, tok * VWPT + vsub * 2); vr[it][0] = u.x; vr[it][1] = u.y; }
+      else { vr[it][0] = vw[tok * VWPT + vsub]; }
+      vsc[it] = vq_float(vs[tok * NG + vg]); vbi[it] = vq_float(vb[tok * NG + vg]);
+    }
+  }
+  // scores: q·k = sum_g s_g (sum_{d in g} q_d c_d) + b_g (sum_{d in g} q_d)
+  float s[REP];
+  VQ_UNROLL
+  for (int r = 0; r < REP; r++) s[r] = 0.0f;
+  VQ_UNROLL
+  for (int g = 0; g < NG; g++) {
+    float part[REP];
+    VQ_UNROLL
+    for (int r = 0; r < REP; r++) part[r] = 0.0f;
+    VQ_UNROLL
+    for (int wi = 0; wi < G / KPW; wi++) {
+      const uint word = kr[g * (G / KPW) + wi];
+      VQ_UNROLL
+      for (int c = 0; c < KPW; c += 4) {
+        const float x0 = vq_as_float(((word >> (c * KBITS)) & KMASK) | MAGIC) - 8388608.0f;
+        const float x1 = vq_as_float(((word >> ((c + 1) * KBITS)) & KMASK) | MAGIC) - 8388608.0f;
+        const float x2 = vq_as_float(((word >> ((c + 2) * KBITS)) & KMASK) | MAGIC) - 8388608.0f;
+        const float x3 = vq_as_float(((word >> ((c + 3) * KBITS)) & KMASK) | MAGIC) - 8388608.0f;
+        const int d = g * G + wi * KPW + c;
+        VQ_UNROLL
+        for (int r = 0; r < REP; r++) {
+          const float4 qv = vq_lds4(qs, r * D + d);
+          part[r] = fma(qv.x, x0, part[r]); part[r] = fma(qv.y, x1, part[r]);
+          part[r] = fma(qv.z, x2, part[r]); part[r] = fma(qv.w, x3, part[r]);
+        }
+      }
+    }
+    VQ_UNROLL
+    for (int r = 0; r < REP; r++) s[r] += ksc[g] * part[r] + kbi[g] * qg[r * NG + g];
+  }
+  // online softmax: one simd max per query head and tile; denominators stay per lane
+  float p[REP];
+  VQ_UNROLL
+  for (int r = 0; r < REP; r++) {
+    const float sv = valid ? s[r] : VQ_NEG_INF;
+    const float mn = fmax(m[r], vq_simd_max(sv));
+    const float c = exp(m[r] - mn);
+    p[r] = valid ? exp(sv - mn) : 0.0f;
+    lsum[r] = lsum[r] * c + p[r];
+    m[r] = mn; accb[r] *= c;
+    VQ_UNROLL
+    for (int k = 0; k < 16; k++) acc[r][k] *= c;
+  }
+  // values: token it*VTPI + vtok of the tile, channels vsub*16 .. vsub*16+15; its weight from the lane that scored it
+  VQ_UNROLL
+  for (int it = 0; it < VLPT; it++) {
+    float ps[REP];
+    VQ_UNROLL
+    for (int r = 0; r < REP; r++) {
+      const float pj = vq_simd_shuffle(p[r], it * VTPI + vtok);
+      ps[r] = pj * vsc[it]; accb[r] += pj * vbi[it];
+    }
+    VQ_UNROLL
+    for (int c = 0; c < 16; c++) {
+      const float x = vq_as_float(((vr[it][c / VPW] >> ((c % VPW) * VBITS)) & VMASK) | MAGIC) - 8388608.0f;
+      VQ_UNROLL
+      for (int r = 0; r < REP; r++) acc[r][c] += ps[r] * x;
+    }
+  }
+}
+VQ_UNROLL
+for (int r = 0; r < REP; r++) {
+  const float lt = vq_simd_sum(lsum[r]);
+  for (int o = VLPT; o < 32; o <<= 1) {
+    accb[r] += vq_simd_shuffle_xor(accb[r], o);
+    VQ_UNROLL
+    for (int c = 0; c < 16; c++) acc[r][c] += vq_simd_shuffle_xor(acc[r][c], o);
+  }
+  if (vq_lane == 0) { wm[vq_warp * REP + r] = m[r]; wl[vq_warp * REP + r] = lt; }
+  if (vtok == 0) {
+    VQ_UNROLL
+    for (int c = 0; c < 16; c++) wacc[(vq_warp * REP + r) * D + vsub * 16 + c] = acc[r][c] + accb[r];
+  }
+}
+vq_barrier();
+for (int i = vq_tid; i < REP * D; i += 32 * NW) {
+  const int r = i / D;
+  float M = VQ_NEG_INF;
+  for (int w = 0; w < NW; w++) M = fmax(M, wm[w * REP + r]);
+  float L = 0.0f, A = 0.0f;
+  for (int w = 0; w < NW; w++) {
+    const float e = exp(wm[w * REP + r] - M);
+    L += wl[w * REP + r] * e; A += wacc[w * REP * D + i] * e;
+  }
+  const long row = (long)(bh * REP + r) * ns + chunk;
+  out_acc[row * D + i % D] = A;
+  if (i % D == 0) { out_m[row] = M; out_l[row] = L; }
+}
+"""
+AFFINE_DECODE_INPUTS = ["q", "kw", "ks", "kb", "vw", "vs", "vb", "nref"]
+AFFINE_DECODE_OUTPUTS = DECODE_PARTIAL_OUTPUTS
+
+# %% ../../nbs/methods/affine.ipynb #bbf2f220
+AFFINE_MMA_DECODE_BODY = r"""
+// Tensor-core decode attention over 4-bit affine K/V (mx.quantize layout), one or two groups per head (D/G <= 2).
+// q: [ROWS, D] (model dtype, unscaled), ROWS = BH*REP (REP <= 16/NG); kw, vw: [BH, CAP, D/8] uint32; ks, kb, vs, vb:
+// [BH, CAP, D/G] fp16; nref, SPLIT, SCALE as the scalar kernel. Out m (natural-log units), l: [ROWS, NS]; acc: [ROWS, NS, D].
+// Per simdgroup step of 16*U tokens: S = Q K^T (m16n8k16, 8 tokens per product), online softmax on the fragments,
+// O += P V (16 tokens per product; P re-read from the score fragments). Codes enter the products raw, as the fp16
+// 1024 + c (low nibble) and 1024 + 16 c (high nibble) that one AND/OR makes of a packed word; the scales, biases,
+// the 1024 offset and the 1/16 go on the other operand or on the float32 results. With two groups, MMA rows g and
+// g + 8 hold the same query head restricted to group 0 and group 1 (the rows a decode step leaves empty).
+""" + _MMA_DEFINE + r"""constexpr int NG = D / G, WPT = D / 8, KS = D / 16, NT = D / 8, DPT = D / 8, VWT = DPT / 8, KWT = D / 32, NQ = 3 - NG;
+constexpr uint MAGIC = 0x64006400u, LO = 0x000f000fu, HI = 0x00f000f0u;
+VQ_SHARED float qs[REP * D];
+VQ_SHARED float wm[NW * REP], wl[NW * REP];
+VQ_SHARED float wacc[NW * REP * D];
+const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
+const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 units: exp2 below
+const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
+const int t0 = chunk * split, t1 = min(n, t0 + split);
+for (int i = vq_tid; i < REP * D; i += 32 * NW) {   // fp16-rounded scaled query, odd channels / 16 (they meet 16 c)
+  const float x = vq_float(q[(long)bh * REP * D + i]) * scale * ((i & 1) ? 0.0625f : 1.0f);
+  qs[i] = vq_h2_float2(vq_bits_h2(vq_h2_pair(x, 0.0f))).x;
+}
+vq_barrier();
+const int g = vq_lane / 4, t = vq_lane % 4;
+// MMA row half r2 (rows g, g + 8): query head qh(r2) restricted to key group gh(r2)
+const int qh0 = g, qh1 = NG == 2 ? g : g + 8;
+const bool ok0 = qh0 < REP, ok1 = qh1 < REP;
+const int kgr = 8 * KWT * t / G;
+// A operand of S: k-step s = 2p + h holds channels 8(KWT t + p) + 2h + {0, 4} (regs 0, 1) and + {1, 5} (regs 2, 3)
+uint qa[KS][4];
+VQ_UNROLL
+for (int s = 0; s < KS; s++) {
+  const int d0 = 8 * (KWT * t + s / 2) + 2 * (s % 2);
+  const bool u0 = ok0 && (NG == 1 || kgr == 0), u1 = ok1 && (NG == 1 || kgr == 1);
+  qa[s][0] = u0 ? vq_bits_h2(vq_h2_pair(qs[qh0 * D + d0], qs[qh0 * D + d0 + 4])) : 0u;
+  qa[s][1] = u1 ? vq_bits_h2(vq_h2_pair(qs[qh1 * D + d0], qs[qh1 * D + d0 + 4])) : 0u;
+  qa[s][2] = u0 ? vq_bits_h2(vq_h2_pair(qs[qh0 * D + d0 + 1], qs[qh0 * D + d0 + 5])) : 0u;
+  qa[s][3] = u1 ? vq_bits_h2(vq_h2_pair(qs[qh1 * D + d0 + 1], qs[qh1 * D + d0 + 5])) : 0u;
+}
+// per row half: offset 1024 * sum of its A values, and the plain channel sum (for the key biases)
+float koff[2], qsum[2];
+VQ_UNROLL
+for (int r2 = 0; r2 < 2; r2++) {
+  const int qh = r2 ? qh1 : qh0, gr = NG == 2 ? r2 : 0;
+  float a = 0.0f, b = 0.0f;
+  if (qh < REP)
+    for (int d = gr * G; d < gr * G + G; d++) { const float x = qs[qh * D + d]; a += x; b += (d & 1) ? 16.0f * x : x; }
+  koff[r2] = 1024.0f * a; qsum[r2] = b;
+}
+#define VQ_LOAD_TILE(TT, KR, KSR, KBR, VR, VSR, VBR) do { \
+  VQ_UNROLL \
+  for (int nt = 0; nt < 2 * U; nt++) { \
+    const int tok = (TT) + 8 * nt + g; \
+    const bool ok = tok < t1; \
+    if (KWT == 4) { \
+      uint4 u4 = {0u, 0u, 0u, 0u}; \
+      if (ok) u4 = vq_load4(kw, (base + tok) * WPT + 4 * t); \
+      KR[nt][0] = u4.x; KR[nt][1 % KWT] = u4.y; KR[nt][2 % KWT] = u4.z; KR[nt][3 % KWT] = u4.w; \
+    } else { \
+      uint2 u2 = {0u, 0u}; \
+      if (ok) u2 = vq_load2(kw, (base + tok) * WPT + 2 * t); \
+      KR[nt][0] = u2.x; KR[nt][1] = u2.y; \
+    } \
+    VQ_UNROLL \
+    for (int e = 0; e < 2; e++) { \
+      const int tk = (TT) + 8 * nt + 2 * t + e; \
+      KSR[nt][e] = tk >= t1 ? 0u : NG == 2 ? vq_load1(ks, (base + tk) * 2) : vq_bits_h2(vq_h2_pair(vq_float(ks[base + tk]), 0.0f)); \
+      KBR[nt][e] = tk >= t1 ? 0u : NG == 2 ? vq_load1(kb, (base + tk) * 2) : vq_bits_h2(vq_h2_pair(vq_float(kb[base + tk]), 0.0f)); \
+    } \
+  } \
+  VQ_UNROLL \
+  for (int e = 0; e < 4 * U; e++) { \
+    const int tk = (TT) + 16 * (e / 4) + 2 * t + (e & 1) + 8 * ((e >> 1) & 1); \
+    const bool ok = tk < t1; \
+    if (VWT == 2) { \
+      uint2 u2 = {0u, 0u}; \
+      if (ok) u2 = vq_load2(vw, (base + tk) * WPT + 2 * g); \
+      VR[e][0] = u2.x; VR[e][1 % VWT] = u2.y; \
+    } else { \
+      VR[e][0] = ok ? vw[(base + tk) * WPT + g] : 0u; \
+    } \
+    VSR[e] = !ok ? 0u : NG == 2 ? vq_load1(vs, (base + tk) * 2) : vq_bits_h2(vq_h2_pair(vq_float(vs[base + tk]), 0.0f)); \
+    VBR[e] = !ok ? 0u : NG == 2 ? vq_load1(vb, (base + tk) * 2) : vq_bits_h2(vq_h2_pair(vq_float(vb[base + tk]), 0.0f)); \
+  } \
+} while (0)
+const long base = (long)bh * cap;
+float m2[NQ], lsum[NQ], ps[2], pb[2];
+VQ_UNROLL
+for (int r = 0; r < NQ; r++) { m2[r] = VQ_NEG_INF; lsum[r] = 0.0f; }
+ps[0] = ps[1] = pb[0] = pb[1] = 0.0f;
+float o[NT][4];
+VQ_UNROLL
+for (int j = 0; j < NT; j++) { o[j][0] = 0.0f; o[j][1] = 0.0f; o[j][2] = 0.0f; o[j][3] = 0.0f; }
+uint nkr[2 * U][KWT], nksr[2 * U][2], nkbr[2 * U][2], nvr[4 * U][VWT], nvsr[4 * U], nvbr[4 * U];   // the next tile, in flight
+{ const int tt = t0 + (int)vq_warp * 16 * U; VQ_LOAD_TILE(tt, nkr, nksr, nkbr, nvr, nvsr, nvbr); }
+for (int tt = t0 + (int)vq_warp * 16 * U; tt < t1; tt += 16 * U * NW) {
+  uint kr[2 * U][KWT], ksr[2 * U][2], kbr[2 * U][2], vr[4 * U][VWT], vsr[4 * U], vbr[4 * U];
+  VQ_UNROLL
+  for (int i = 0; i < 2 * U; i++) {
+    ksr[i][0] = nksr[i][0]; ksr[i][1] = nksr[i][1]; kbr[i][0] = nkbr[i][0]; kbr[i][1] = nkbr[i][1];
+    VQ_UNROLL
+    for (int w = 0; w < KWT; w++) kr[i][w] = nkr[i][w];
+  }
+  VQ_UNROLL
+  for (int i = 0; i < 4 * U; i++) {
+    vsr[i] = nvsr[i]; vbr[i] = nvbr[i];
+    VQ_UNROLL
+    for (int w = 0; w < VWT; w++) vr[i][w] = nvr[i][w];
+  }
+  if (PF) { const int tn = tt + 16 * U * NW; VQ_LOAD_TILE(tn, nkr, nksr, nkbr, nvr, nvsr, nvbr); }
+  else if (tt + 16 * U * NW < t1) { const int tn = tt + 16 * U * NW; VQ_LOAD_TILE(tn, nkr, nksr, nkbr, nvr, nvsr, nvbr); }
+  // scores sc[nt][2 r + e]: query row r of this lane (qh0 or qh1), token tt + 8 nt + 2t + e
+  float sc[2 * U][2 * NQ];
+  VQ_UNROLL
+  for (int nt = 0; nt < 2 * U; nt++) {
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    VQ_UNROLL
+    for (int p = 0; p < KWT; p++) {
+      const uint w = kr[nt][p], w8 = w >> 8;
+      VQ_MMA(c, qa[2 * p], (w & LO) | MAGIC, (w & HI) | MAGIC);
+      VQ_MMA(c, qa[2 * p + 1], (w8 & LO) | MAGIC, (w8 & HI) | MAGIC);
+    }
+    VQ_UNROLL
+    for (int e = 0; e < 2; e++) {
+      const bool live = tt + 8 * nt + 2 * t + e < t1;
+      const float2 ksf = vq_h2_float2(ksr[nt][e]), kbf = vq_h2_float2(kbr[nt][e]);
+      if (NG == 2) {
+        sc[nt][e] = live ? ksf.x * (c[e] - koff[0]) + ksf.y * (c[2 + e] - koff[1]) + kbf.x * qsum[0] + kbf.y * qsum[1] : VQ_NEG_INF;
+      } else {
+        VQ_UNROLL
+        for (int r = 0; r < NQ; r++)
+          sc[nt][2 * r + e] = live ? ksf.x * (c[2 * r + e] - koff[r]) + kbf.x * qsum[r] : VQ_NEG_INF;
+      }
+    }
+  }
+  // online softmax per query row (a row's scores sit in the 4 lanes of its quad)
+  float pv[2 * U][2 * NQ];
+  VQ_UNROLL
+  for (int r = 0; r < NQ; r++) {
+""" + _MMA_ONLINE_SOFTMAX + r"""    // the accumulators of the MMA row halves that belong to this query row
+    VQ_UNROLL
+    for (int r2 = 0; r2 < 2; r2++) {
+      if (NG == 2 || r2 == r) {
+        ps[r2] *= corr; pb[r2] *= corr;
+        VQ_UNROLL
+        for (int j = 0; j < NT; j++) { o[j][2 * r2] *= corr; o[j][2 * r2 + 1] *= corr; }
+      }
+    }
+  }
+  // values: A = P scaled per token (row half r2: its query row, its value group); B = raw codes of channels g*DPT + j
+  VQ_UNROLL
+  for (int u = 0; u < U; u++) {
+    uint pa[4];
+    VQ_UNROLL
+    for (int hh = 0; hh < 2; hh++) {          // hh 0: tokens 2t, 2t+1 (n-tile 2u); hh 1: tokens 2t+8, 2t+9 (n-tile 2u+1)
+      VQ_UNROLL
+      for (int r2 = 0; r2 < 2; r2++) {
+        const int r = NG == 2 ? 0 : r2, gr = NG == 2 ? r2 : 0, e0 = 4 * u + 2 * hh;
+        const float pa0 = pv[2 * u + hh][2 * r], pa1 = pv[2 * u + hh][2 * r + 1];
+        const float2 s0 = vq_h2_float2(vsr[e0]), s1 = vq_h2_float2(vsr[e0 + 1]);
+        const float2 b0 = vq_h2_float2(vbr[e0]), b1 = vq_h2_float2(vbr[e0 + 1]);
+        const uint h = vq_bits_h2(vq_h2_pair(pa0 * (gr ? s0.y : s0.x), pa1 * (gr ? s1.y : s1.x)));
+        const float2 hf = vq_h2_float2(h);
+        ps[r2] += hf.x + hf.y;
+        pb[r2] += pa0 * (gr ? b0.y : b0.x) + pa1 * (gr ? b1.y : b1.x);
+        pa[2 * hh + r2] = h;
+      }
+    }
+    VQ_UNROLL
+    for (int i = 0; i < VWT; i++) {
+      VQ_UNROLL
+      for (int b = 0; b < 4; b++) {
+        const uint sel = (uint)(b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12));
+        const uint xa = vq_byte_perm(vr[4 * u][i], vr[4 * u + 1][i], sel), xb = vq_byte_perm(vr[4 * u + 2][i], vr[4 * u + 3][i], sel);
+        VQ_MMA(o[8 * i + 2 * b], pa, (xa & LO) | MAGIC, (xb & LO) | MAGIC);
+        VQ_MMA(o[8 * i + 2 * b + 1], pa, (xa & HI) | MAGIC, (xb & HI) | MAGIC);
+      }
+    }
+  }
+}
+// this simdgroup's state to threadgroup memory. Lane (g, t) holds channels (2t + e)*DPT + j of row halves g, g + 8.
+VQ_UNROLL
+for (int r2 = 0; r2 < 2; r2++) {
+  ps[r2] += vq_simd_shuffle_xor(ps[r2], 1); ps[r2] += vq_simd_shuffle_xor(ps[r2], 2);
+  pb[r2] += vq_simd_shuffle_xor(pb[r2], 1); pb[r2] += vq_simd_shuffle_xor(pb[r2], 2);
+}
+VQ_UNROLL
+for (int r = 0; r < NQ; r++) {
+  float l = lsum[r];
+  l += vq_simd_shuffle_xor(l, 1);
+  l += vq_simd_shuffle_xor(l, 2);
+  const int row = r ? qh1 : qh0;
+  if (row < REP) {
+    if (t == 0) { wm[vq_warp * REP + row] = m2[r]; wl[vq_warp * REP + row] = l; }
+    VQ_UNROLL
+    for (int e = 0; e < 2; e++) {
+      const int d0 = (2 * t + e) * DPT;
+      const bool hi = NG == 2 ? d0 >= G : r == 1;           // row half g + 8 (no dynamic register indexing)
+      const float off = 1024.0f * (hi ? ps[1] : ps[0]), add = hi ? pb[1] : pb[0];
+      VQ_UNROLL
+      for (int j = 0; j < NT; j++)
+        wacc[(vq_warp * REP + row) * D + d0 + j] = ((hi ? o[j][2 + e] : o[j][e]) - off) * ((j & 1) ? 0.0625f : 1.0f) + add;
+    }
+  }
+}
+""" + _MMA_CHUNK_TAIL
+AFFINE_MMA_DECODE_INPUTS = AFFINE_DECODE_INPUTS
+
+# %% ../../nbs/methods/affine.ipynb #e08e4f53
+def _scalar_smem(D: int, G: int, rep: int, warps: int) -> int:
+    "Threadgroup memory of `AFFINE_DECODE_BODY` (queries, group sums, per-simdgroup softmax state and accumulators)."
+    return 4 * (rep * D + rep * (D // G) + 2 * warps * rep + warps * rep * D)
+
+def affine_decode_supported(head_dim: int, key_bits: int, value_bits: int, group_size: int, rep: int = 1) -> bool:
+    """True when a fused decode kernel handles this layout: a GPU back-end, head_dim in {64, 128}, bits in {2, 4, 8},
+    group_size in {32, 64, 128} ≤ head_dim, and `rep` query heads per kv head fitting in threadgroup memory (the
+    tensor-core kernel takes up to 16; the scalar kernel up to ~20 at head_dim 128 on CUDA, fewer on Metal)."""
+    if not (_is_int(head_dim, key_bits, value_bits, group_size, rep) and rep >= 1): return False
+    return (gpu.backend() is not None and head_dim in (64, 128) and key_bits in (2, 4, 8) and value_bits in (2, 4, 8)
+            and group_size in (32, 64, 128) and group_size <= head_dim
+            and (mma_decode_supported(head_dim, key_bits, value_bits, group_size, rep)
+                 or _scalar_smem(head_dim, group_size, rep, 1) <= _smem_limit()))
+
+def mma_decode_supported(head_dim: int, key_bits: int, value_bits: int, group_size: int, rep: int) -> bool:
+    """True when the tensor-core decode kernel (`AFFINE_MMA_DECODE_BODY`) takes this layout: the CUDA back-end,
+    head_dim in {64, 128}, 4-bit keys and values, one or two groups per head (group_size ≥ head_dim / 2), and
+    `rep` query heads per kv head ≤ 16 (one group) or ≤ 8 (two groups)."""
+    if not _is_int(head_dim, key_bits, value_bits, group_size, rep): return False
+    ng = head_dim // group_size if group_size > 0 and head_dim % group_size == 0 else 0
+    return (gpu.backend() == "cuda" and head_dim in (64, 128) and key_bits == 4 and value_bits == 4 and ng in (1, 2)
+            and 1 <= rep <= 16 // ng)
+
+def _decode_partials(q2, k: dict, v: dict, n, split, B, Hkv, rep, D, key_bits, value_bits, group_size, warps, scale,
+                     mma: bool = False, emulate: bool = False):
+    ns = -(-n // split); rows = B * Hkv * rep
+    inputs = [q2, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"], _nref(n)]
+    if mma:
+        kern = _kernel("vq_affine_mma_decode", AFFINE_MMA_DECODE_BODY, tuple(AFFINE_MMA_DECODE_INPUTS), tuple(AFFINE_DECODE_OUTPUTS), gpu.backend())
+        template = [("D", D), ("G", group_size), ("REP", rep), ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)),
+                    ("PF", 1), ("SPLIT", split), ("SCALE", _float_bits(scale))]
+    else:
+        kern = _kernel("vq_affine_decode", AFFINE_DECODE_BODY, tuple(AFFINE_DECODE_INPUTS), tuple(AFFINE_DECODE_OUTPUTS), gpu.backend())
+        template = [("D", D), ("KBITS", key_bits), ("VBITS", value_bits), ("G", group_size), ("REP", rep), ("NW", warps),
+                    ("SPLIT", split), ("SCALE", _float_bits(scale))]
+    return kern(inputs=inputs, template=template, grid=(32 * warps * ns, B * Hkv, 1), threadgroup=(32 * warps, 1, 1),
+                output_shapes=[(rows, ns), (rows, ns), (rows, ns, D)], output_dtypes=[mx.float32, mx.float32, mx.float32])
+
+def _check_decode(q_shape, key_bits, value_bits, group_size):
+    B, Hkv, rep, L, D = q_shape
+    if L != 1 or not affine_decode_supported(D, key_bits, value_bits, group_size, rep):
+        raise ValueError(f"fused affine decode does not support head_dim={D}, key_bits={key_bits}, value_bits={value_bits}, "
+                         f"group_size={group_size}, {rep} query heads per kv head, queries={L} on backend={gpu.backend()}")
+
+def _pick(D, key_bits, value_bits, group_size, rep, mma, warps):
+    use = mma_decode_supported(D, key_bits, value_bits, group_size, rep) if mma is None else bool(mma)
+    if use and not mma_decode_supported(D, key_bits, value_bits, group_size, rep):
+        raise ValueError(f"the tensor-core decode kernel does not support head_dim={D}, key_bits={key_bits}, value_bits={value_bits}, "
+                         f"group_size={group_size}, {rep} query heads per kv head on backend={gpu.backend()} (see mma_decode_supported)")
+    if use: return use, warps or MMA_WARPS
+    warps = warps or DECODE_WARPS
+    while warps > 1 and _scalar_smem(D, group_size, rep, warps) > _smem_limit(): warps //= 2  # many query heads per kv head
+    if _scalar_smem(D, group_size, rep, warps) > _smem_limit():
+        raise ValueError(f"fused affine decode: {rep} query heads per kv head at head_dim={D} and {warps} simdgroups need "
+                         f"{_scalar_smem(D, group_size, rep, warps)} bytes of threadgroup memory; allowed: {_smem_limit()}")
+    return use, warps
+
+def affine_decode_attention(q, k: dict, v: dict, n: int, key_bits: int, value_bits: int, group_size: int,
+                            split: int | None = None, warps: int | None = None, mma: bool | None = None, emulate: bool = False):
+    """Fused decode attention of q [B, Hkv, rep, 1, D] (float32, already scaled) over the first `n`
+    tokens of affine-packed storage `k`/`v` (dicts of `w` uint32 [B, Hkv, CAP, D·bits/32], `scales`,
+    `biases` fp16 [B, Hkv, CAP, D/group_size], full row-contiguous buffers, CAP ≥ n). Returns flash-decoding
+    partials `(m, l, acc)` with shapes [B, Hkv, rep, 1, NS], [B, Hkv, rep, 1, NS], [B, Hkv, rep, 1, NS, D]
+    over NS = ceil(n / split) chunks (`split` default: `decode_split`); merge them with a log-sum-exp
+    (e.g. `veloxquant.attention.blockwise_attention` with a `Partial`). `mma`: None picks the tensor-core
+    kernel where `mma_decode_supported`, False forces the scalar kernel, True requires the tensor-core one;
+    `emulate` runs its software product instead of `mma.sync` (testing). Raises `ValueError` when no GPU
+    back-end is available or the layout is unsupported (see `affine_decode_supported`). Source: flash-decoding
+    (Dao et al. 2023); tensor-core layout of FlashAttention-2 (arXiv 2307.08691, §3)."""
+    if not isinstance(q, mx.array) or q.ndim != 5: raise ValueError(f"q must be an array [B, n_kv_heads, rep, 1, head_dim], got {getattr(q, 'shape', type(q).__name__)}")
+    _check_decode(q.shape, key_bits, value_bits, group_size)
+    B, Hkv, rep, _, D = q.shape
+    if not (isinstance(k, dict) and "w" in k and type(n) is int and 1 <= n <= k["w"].shape[2]):
+        raise ValueError(f"n={n!r} tokens; allowed: an integer in [1, capacity] of k['w']")
+    use, warps = _pick(D, key_bits, value_bits, group_size, rep, mma, warps)
+    split = split or decode_split(n, B * Hkv, MMA_TARGET_GROUPS if use else None, warps=warps)
+    m, l, acc = _decode_partials(q.astype(mx.float32).reshape(B * Hkv * rep, D), k, v, n, split, B, Hkv, rep, D,
+                                 key_bits, value_bits, group_size, warps, 1.0, use, emulate)
+    ns = m.shape[-1]
+    return m.reshape(B, Hkv, rep, 1, ns), l.reshape(B, Hkv, rep, 1, ns), acc.reshape(B, Hkv, rep, 1, ns, D)
+
+def affine_fused_decode(queries, k: dict, v: dict, n: int, keys, values, scale: float, sinks,
+                        key_bits: int, value_bits: int, group_size: int, split: int | None = None,
+                        warps: int | None = None, merge_warps: int | None = None, mma: bool | None = None,
+                        emulate: bool = False):
+    """A whole decode step of attention in two dispatches (chunk partials, then the merge): `queries`
+    [B, Hq, 1, D] (any float dtype) over `n` affine-coded history tokens (`k`, `v` as in
+    `affine_decode_attention`) plus the exact `keys`/`values` [B, Hkv, E, D] (current step and fp16
+    window), `scale` the softmax scale, `sinks` optional [Hq] sink logits (gpt-oss). Returns
+    [B, Hq, 1, D] in the queries' dtype. No mask is applied (a decode step attends to everything).
+    `mma`, `emulate` as in `affine_decode_attention` (the tensor-core kernel rounds the scaled query and
+    the softmax weights to fp16 for the products; sums stay float32). `ValueError` for malformed shapes, n outside
+    [1, capacity] or unsupported layouts. Source: flash-decoding (Dao et al. 2023) with the fragment layout of
+    FlashAttention-2 (Dao 2023, arXiv 2307.08691, §3) on tensor cores; the affine codes are mlx-lm's `QuantizedKVCache`
+    layout (`mx.quantize`)."""
+    _check_step(queries, keys, values, n, k, "w")
+    B, Hq, L, D = queries.shape
+    Hkv, E = keys.shape[1], keys.shape[2]
+    rep = Hq // Hkv
+    _check_decode((B, Hkv, rep, L, D), key_bits, value_bits, group_size)
+    use, warps = _pick(D, key_bits, value_bits, group_size, rep, mma, warps)
+    merge_warps = merge_warps or MERGE_WARPS
+    split = split or decode_split(n, B * Hkv, MMA_TARGET_GROUPS if use else None, warps=warps)
+    rows = B * Hq
+    q2 = queries.reshape(rows, D)
+    m, l, acc = _decode_partials(q2, k, v, n, split, B, Hkv, rep, D, key_bits, value_bits, group_size, warps, scale, use, emulate)
+    out = _merge_partials(m, l, acc, q2, keys.astype(queries.dtype), values.astype(queries.dtype), sinks, scale, rep,
+                          merge_warps, queries.dtype)
+    return out.reshape(B, Hq, 1, D)
+
+# %% ../../nbs/methods/affine.ipynb #90af2554
+AFFINE_APPEND_BODY = r"""
+// xk, xv: [N, D] new keys / values (any float dtype), N = B*Hkv*T tokens. Threadgroup: D threads on token
+// vq_group_x of side vq_group_y (0 keys, 1 values). Out kw: [N, D*KBITS/32] uint32, ks, kb: [N, D/G] fp16; vw, vs, vb likewise.
+constexpr int NG = D / G, KW = D * KBITS / 32, VW = D * VBITS / 32;
+VQ_SHARED float gmin[D / 32], gmax[D / 32];
+VQ_SHARED uint codes[D];
+const int tok = vq_group_x, side = vq_group_y, d = vq_tid, g = d / G;
+const int bits = side ? VBITS : KBITS;
+const float x = vq_float(vq_cast(vq_half, vq_float(side ? xv[(long)tok * D + d] : xk[(long)tok * D + d])));
+const float wmin = vq_simd_min(x), wmax = vq_simd_max(x);
+if (vq_lane == 0) { gmin[vq_warp] = wmin; gmax[vq_warp] = wmax; }
+vq_barrier();
+float lo = gmin[g * (G / 32)], hi = gmax[g * (G / 32)];
+for (int w = 1; w < G / 32; w++) { lo = fmin(lo, gmin[g * (G / 32) + w]); hi = fmax(hi, gmax[g * (G / 32) + w]); }
+const float nb = float((1 << bits) - 1);
+float sc = fmax((hi - lo) / nb, 1e-7f);
+const bool neg = fabs(lo) > fabs(hi);
+sc = neg ? sc : -sc;
+const float edge = neg ? lo : hi;
+const float q0 = round(edge / sc);
+sc = q0 == 0.0f ? sc : edge / q0;
+const float bias = q0 == 0.0f ? 0.0f : edge;
+codes[d] = (uint)fmin(fmax(round((x - bias) / sc), 0.0f), nb);
+if (d % G == 0) {
+  if (side) { vs[(long)tok * NG + g] = vq_cast(vq_half, sc); vb[(long)tok * NG + g] = vq_cast(vq_half, bias); }
+  else      { ks[(long)tok * NG + g] = vq_cast(vq_half, sc); kb[(long)tok * NG + g] = vq_cast(vq_half, bias); }
+}
+vq_barrier();
+if (side) {""" + _pack("VBITS", "VW", "vw") + r"""} else {""" + _pack("KBITS", "KW", "kw") + r"""}
+"""
+AFFINE_APPEND_INPUTS = ["xk", "xv"]
+AFFINE_APPEND_OUTPUTS = ["kw", "ks", "kb", "vw", "vs", "vb"]
+
+def affine_append_supported(head_dim: int, key_bits: int, value_bits: int, group_size: int) -> bool:
+    "True when `affine_fused_append` handles this layout: a GPU back-end, head_dim a multiple of 32 up to 1024, group_size in {32, 64, 128} dividing it, bits in {2, 3, 4, 5, 6, 8}."
+    return (gpu.backend() is not None and head_dim % 32 == 0 and 32 <= head_dim <= 1024 and group_size in (32, 64, 128)
+            and head_dim % group_size == 0 and key_bits in (2, 3, 4, 5, 6, 8) and value_bits in (2, 3, 4, 5, 6, 8))
+
+def affine_fused_append(keys, values, key_bits: int, value_bits: int, group_size: int):
+    """Encode new `keys`, `values` [B, H, T, D] (any float dtype, same shape) as `mx.quantize(x.astype(float16),
+    group_size, bits)` does, in one dispatch. Returns `(k_enc, v_enc)`, dicts of `w` uint32 [B, H, T, D·bits/32],
+    `scales`, `biases` fp16 [B, H, T, D/group_size] (the `affine` codec's layout). `ValueError` when unsupported."""
+    if not (isinstance(keys, mx.array) and isinstance(values, mx.array) and keys.ndim == 4):
+        raise ValueError("keys and values must be arrays [B, n_kv_heads, T, head_dim]")
+    B, H, T, D = keys.shape
+    if values.shape != keys.shape or not affine_append_supported(D, key_bits, value_bits, group_size):
+        raise ValueError(f"fused affine append does not support keys {keys.shape}, values {values.shape}, key_bits={key_bits}, "
+                         f"value_bits={value_bits}, group_size={group_size} on backend={gpu.backend()}")
+    N, NG = B * H * T, D // group_size
+    kern = _kernel("vq_affine_append", AFFINE_APPEND_BODY, tuple(AFFINE_APPEND_INPUTS), tuple(AFFINE_APPEND_OUTPUTS), gpu.backend())
+    kw, ks, kb, vw, vs, vb = kern(
+        inputs=[keys.reshape(N, D), values.reshape(N, D)],
+        template=[("D", D), ("KBITS", key_bits), ("VBITS", value_bits), ("G", group_size)],
+        grid=(D * N, 2, 1), threadgroup=(D, 1, 1),
+        output_shapes=[(N, D * key_bits // 32), (N, NG), (N, NG), (N, D * value_bits // 32), (N, NG), (N, NG)],
+        output_dtypes=[mx.uint32, mx.float16, mx.float16, mx.uint32, mx.float16, mx.float16])
+    r = lambda a: a.reshape(B, H, T, a.shape[-1])
+    return {"w": r(kw), "scales": r(ks), "biases": r(kb)}, {"w": r(vw), "scales": r(vs), "biases": r(vb)}
+
+# %% ../../nbs/methods/affine.ipynb #52feb790
+AFFINE_DECODE_CU_TYPES = dict(inputs=[("q", "float16"), ("kw", "uint32"), ("ks", "float16"), ("kb", "float16"),
+                                      ("vw", "uint32"), ("vs", "float16"), ("vb", "float16"), ("nref", "uint8")],
+                              outputs=[("out_m", "float32"), ("out_l", "float32"), ("out_acc", "float32")])
+AFFINE_APPEND_CU_TYPES = dict(inputs=[("xk", "float16"), ("xv", "float16")],
+                              outputs=[("kw", "uint32"), ("ks", "float16"), ("kb", "float16"), ("vw", "uint32"), ("vs", "float16"), ("vb", "float16")])
+
+register_kernel("affine_decode", AFFINE_DECODE_BODY, AFFINE_DECODE_CU_TYPES, dict(D=128, KBITS=4, VBITS=4, G=64, REP=4, NW=4, SPLIT=512, SCALE=_float_bits(128 ** -0.5)),
+                [dict(D=64, KBITS=2, VBITS=4, G=32, REP=1, NW=2, SPLIT=128, SCALE=_float_bits(0.125)),
+                 dict(D=64, KBITS=4, VBITS=8, G=64, REP=3, NW=4, SPLIT=200, SCALE=_float_bits(1.0)),
+                 dict(D=128, KBITS=8, VBITS=2, G=128, REP=8, NW=8, SPLIT=8192, SCALE=_float_bits(0.1))])
+register_kernel("affine_mma_decode", AFFINE_MMA_DECODE_BODY, AFFINE_DECODE_CU_TYPES, dict(D=128, G=64, REP=4, NW=4, U=2, EMU=0, PF=1, SPLIT=512, SCALE=_float_bits(128 ** -0.5)),
+                [dict(D=64, G=64, REP=3, NW=4, U=2, EMU=0, PF=1, SPLIT=256, SCALE=_float_bits(0.125)),
+                 dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SPLIT=200, SCALE=_float_bits(1.0)),
+                 dict(D=128, G=128, REP=16, NW=4, U=2, EMU=1, PF=0, SPLIT=8192, SCALE=_float_bits(0.1))])
+register_kernel("affine_append", AFFINE_APPEND_BODY, AFFINE_APPEND_CU_TYPES, dict(D=128, KBITS=4, VBITS=4, G=64),
+                [dict(D=64, KBITS=3, VBITS=8, G=32), dict(D=96, KBITS=5, VBITS=6, G=32), dict(D=256, KBITS=2, VBITS=4, G=128)])

@@ -9,7 +9,7 @@ import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_int, check_bool
 from ..cache import Codec, VQCache
 from ..quant import rotation, pack_bits
-from .. import kernels
+from ..gpu import backend
 
 # %% auto #0
 __all__ = ['QK', 'METHOD', 'STANDARD_SETTINGS', 'block_absmax', 'roundf', 'safe_inv', 'BlockCodec', 'Q8_0Codec',
@@ -85,12 +85,12 @@ class BlockCodec(Codec):
 
     def scores(self, q, blk):
         qr = self._rotate_query(q)
-        if kernels.backend() == "cuda":  # no float32 quantized_matmul there: decode this block only
+        if backend() == "cuda":  # no float32 quantized_matmul there: decode this block only
             return qr @ mx.expand_dims(self._decode_rot(blk), 2).swapaxes(-1, -2)
         return mx.quantized_matmul(qr, *self._q(blk, qr.dtype), transpose=True, group_size=QK, bits=self.bits)
 
     def mix(self, p, blk):
-        if kernels.backend() == "cuda": out = p @ mx.expand_dims(self._decode_rot(blk), 2)
+        if backend() == "cuda": out = p @ mx.expand_dims(self._decode_rot(blk), 2)
         else: out = mx.quantized_matmul(p, *self._q(blk, p.dtype), transpose=False, group_size=QK, bits=self.bits)
         return out if self.R is None else out @ self.R.T
 

@@ -12,11 +12,13 @@ from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, c
 from ..cache import Codec, VQCache
 from ..quant import pack_bits, unpack_bits, packed_words
 from .affine import AffineCodec
-from .. import kernels
+import veloxquant.gpu as gpu
+from ..gpu import register_kernel, _float_bits, _kernel
 
 # %% auto #0
 __all__ = ['QJL_VALUE_BITS', 'QJL_VALUE_GROUPS', 'QJL_MAX_SKETCH', 'QJL_QUERY_BITS', 'QJL_KERNEL_MAX_ROWS', 'METHOD',
-           'STANDARD_SETTINGS', 'QJLConfig', 'jl_matrix', 'QJLKeyCodec']
+           'STANDARD_SETTINGS', 'SIGN_SCORE_BODY', 'SIGN_SCORE_INPUTS', 'SIGN_SCORE_CU_TYPES', 'QJLConfig', 'jl_matrix',
+           'QJLKeyCodec', 'sign_scores_supported', 'sign_scores', 'sign_scores_reference']
 
 # %% ../../nbs/methods/qjl.ipynb #e08cb252
 QJL_VALUE_BITS = (2, 4, 8)
@@ -31,7 +33,7 @@ class QJLConfig(MethodConfig):
     paper's ratio; otherwise a multiple of 32 in [32, 4096]); `value_bits` in {2, 4, 8} and
     `value_group` in {32, 64} for the per-token group affine value codes; `window` ≥ 0 most recent
     tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the Gaussian projection `S`;
-    `use_kernels`: on a GPU, key scores of decode steps use the XOR/popcount kernel `veloxquant.kernels.sign_scores`
+    `use_kernels`: on a GPU, key scores of decode steps use the XOR/popcount kernel `sign_scores`
     (query quantized to `QJL_QUERY_BITS` = 8 bit planes) where it applies (False: MLX reference everywhere)."""
     sketch_dim: int = 0
     value_bits: int = 4
@@ -58,7 +60,7 @@ def jl_matrix(m: int, d: int, seed: int = 0) -> mx.array:
 
 class QJLKeyCodec(Codec):
     """QJL sketch of keys: `sign(S k)` packed 1 bit per projection into uint32, plus the fp16 norm `‖k‖`.
-    `use_kernels`: score with `veloxquant.kernels.sign_scores` where `kernel_applies` (a GPU back-end)."""
+    `use_kernels`: score with `sign_scores` where `kernel_applies` (a GPU back-end)."""
     def __init__(self, head_dim: int, sketch_dim: int = 0, seed: int = 0, use_kernels: bool = True):
         super().__init__(head_dim)
         self.use_kernels = use_kernels
@@ -88,18 +90,18 @@ class QJLKeyCodec(Codec):
 
     def kernel_applies(self, q) -> bool:
         "True when `scores(q, ·)` runs the GPU kernel: `use_kernels`, a GPU back-end, m a multiple of 128, rep·L ≤ 8 rows."
-        return (self.use_kernels and kernels.backend() is not None and kernels.sign_scores_supported(self.m)
+        return (self.use_kernels and gpu.backend() is not None and sign_scores_supported(self.m)
                 and q.shape[2] * q.shape[3] <= QJL_KERNEL_MAX_ROWS)
 
     def kernel_scores(self, q, blk, fn=None) -> mx.array:
-        """Scores [B, Hkv, rep, L, t] through a sign-score function of `veloxquant.kernels` (`fn`:
+        """Scores [B, Hkv, rep, L, t] through a sign-score function of this module (`fn`:
         `sign_scores`, the default, GPU only; or `sign_scores_reference`, any device): the layout adapter
         of both. The codec's storage is already the kernel's (`signs` uint32 [B, Hkv, t, m/32], LSB-first
         `pack_bits(·, 1)`, bit 1 = positive projection; `norm` fp16 [B, Hkv, t, 1]; same factor `√(π/2)/m`),
         so only the query rows are reshaped: `S q` [B, Hkv, rep, L, m] → [B, Hkv, rep·L, m] and back.
         The projected query is quantized to `QJL_QUERY_BITS` bit planes per row (see the notebook).
         `ValueError` (from `sign_scores`) where the kernel does not apply (`kernel_applies`)."""
-        fn = fn or kernels.sign_scores
+        fn = fn or sign_scores
         qs = self._project(q)
         B, H, rep, L, m = qs.shape
         t = blk["signs"].shape[2]
@@ -126,3 +128,109 @@ METHOD = register_method("qjl", QJLConfig, _make,
                          "1-bit JL sign sketch of keys + fp16 norm, unbiased asymmetric scores; per-token affine values (QJL, arXiv 2406.03482)")
 
 STANDARD_SETTINGS = [dict(), dict(value_bits=2, value_group=32), dict(sketch_dim=256), dict(window=128)]
+
+# %% ../../nbs/methods/qjl.ipynb #aa490462
+SIGN_SCORE_BODY = r"""
+// u: [ROWS, M] projected queries S q (float32), ROWS = BH*REP; signs: [BH, CAP, M/32] uint32 (bit 1 = +1, LSB first);
+// norms: [BH, CAP, 1] fp16; params: [n, cap, float bits of the factor c = sqrt(pi/2)/M]. Out: [ROWS, n] float32,
+// c * norm * <u~, z>, u~ the QB-bit quantization of u. Threadgroup: 32*NW threads on (bh, block of 32*NW keys).
+constexpr int MW = M / 32;
+VQ_SHARED uint planes[REP * QB * MW];
+VQ_SHARED float qlo[REP], qdelta[REP];
+VQ_SHARED float red[2 * NW];
+const int n = params[0], cap = params[1];
+const float cfac = vq_as_float(params[2]);
+const int bh = vq_group_y, blk = vq_group_x;
+for (int r = 0; r < REP; r++) {                       // quantize u of query head r to QB bits, build its bit planes
+  const long urow = ((long)bh * REP + r) * M;
+  float lo = 3.0e38f, hi = -3.0e38f;
+  for (int i = vq_tid; i < M; i += 32 * NW) { const float x = u[urow + i]; lo = fmin(lo, x); hi = fmax(hi, x); }
+  lo = vq_simd_min(lo); hi = vq_simd_max(hi);
+  if (vq_lane == 0) { red[vq_warp] = lo; red[NW + vq_warp] = hi; }
+  vq_barrier();
+  lo = red[0]; hi = red[NW];
+  for (int w = 1; w < NW; w++) { lo = fmin(lo, red[w]); hi = fmax(hi, red[NW + w]); }
+  const float delta = fmax((hi - lo) / float((1 << QB) - 1), 1e-30f);
+  for (int w = vq_warp; w < MW; w += NW) {            // simdgroup w: projections 32w .. 32w+31, one per lane
+    const uint qb = (uint)fmin(fmax(round((u[urow + w * 32 + vq_lane] - lo) / delta), 0.0f), float((1 << QB) - 1));
+    for (int k = 0; k < QB; k++) {
+      const uint word = vq_ballot(((qb >> k) & 1u) != 0u);
+      if (vq_lane == 0) planes[(r * QB + k) * MW + w] = word;
+    }
+  }
+  if (vq_tid == 0) { qlo[r] = lo; qdelta[r] = delta; }
+  vq_barrier();
+}
+const int t = blk * 32 * NW + (int)vq_tid;
+if (t < n) {
+  const long tok = (long)bh * cap + t;
+  int pb = 0, acc[REP];
+  VQ_UNROLL
+  for (int r = 0; r < REP; r++) acc[r] = 0;
+  for (int w4 = 0; w4 < MW; w4 += 4) {
+    const uint4 s4 = vq_load4(signs, tok * MW + w4);
+    const uint sw[4] = {s4.x, s4.y, s4.z, s4.w};
+    VQ_UNROLL
+    for (int j = 0; j < 4; j++) {
+      const int pc = vq_popcount(sw[j]);
+      pb += pc;
+      VQ_UNROLL
+      for (int r = 0; r < REP; r++) {
+        VQ_UNROLL
+        for (int k = 0; k < QB; k++) acc[r] += (pc - (int)vq_popcount(planes[(r * QB + k) * MW + w4 + j] ^ sw[j])) << k;
+      }
+    }
+  }
+  const float nk = vq_float(norms[tok]) * cfac;
+  VQ_UNROLL
+  for (int r = 0; r < REP; r++)
+    out[((long)bh * REP + r) * n + t] = nk * (qlo[r] * float(2 * pb - M) + qdelta[r] * float(acc[r]));
+}
+"""
+SIGN_SCORE_INPUTS = ["u", "signs", "norms", "params"]
+
+def _check_sign_step(signs, n, query_bits):
+    cap = signs.shape[2] if getattr(signs, "ndim", None) == 4 else None
+    if cap is None: raise ValueError(f"signs must be [B, n_kv_heads, CAP, m/32] uint32, got {getattr(signs, 'shape', type(signs).__name__)}")
+    if type(n) is not int or not 1 <= n <= cap: raise ValueError(f"n={n!r}; allowed: an integer in [1, CAP={cap}]")
+    if type(query_bits) is not int or not 1 <= query_bits <= 8: raise ValueError(f"query_bits={query_bits!r}; allowed: an integer in [1, 8]")
+
+def sign_scores_supported(sketch_dim: int) -> bool:
+    "True when `sign_scores` handles `sketch_dim` m: a GPU back-end and m a multiple of 128 up to 4096."
+    return gpu.backend() is not None and sketch_dim % 128 == 0 and 128 <= sketch_dim <= 4096
+
+def sign_scores(u, signs, norms, n: int, query_bits: int = 8, warps: int = 4):
+    """QJL scores by XOR/popcount. `u` [B, Hkv, rep, m] float32 projected queries `S q`; `signs` uint32
+    [B, Hkv, CAP, m/32] packed sign bits (bit 1 = +1, `pack_bits(·, 1)` layout); `norms` fp16
+    [B, Hkv, CAP, 1] key norms; the first `n` ≤ CAP tokens are scored. Returns float32 [B, Hkv, rep, n]
+    `= √(π/2)/m · ‖k‖ · ⟨ũ, sign(S k)⟩`, `ũ` the `query_bits`-bit quantization of `u` (per query head,
+    min/max). `ValueError` when unsupported (`sign_scores_supported`) or `query_bits` not in 1..8."""
+    if getattr(u, "ndim", None) != 4: raise ValueError(f"u must be [B, n_kv_heads, rep, m], got {getattr(u, 'shape', type(u).__name__)}")
+    B, Hkv, rep, m = u.shape
+    _check_sign_step(signs, n, query_bits)
+    if not sign_scores_supported(m) or signs.shape[-1] != m // 32 or not 1 <= query_bits <= 8:
+        raise ValueError(f"sign_scores does not support sketch_dim={m}, signs {signs.shape}, query_bits={query_bits} on backend={gpu.backend()}")
+    params = mx.array([n, signs.shape[2], _float_bits(math.sqrt(math.pi / 2) / m)], dtype=mx.int32)
+    kern = _kernel("vq_sign_scores", SIGN_SCORE_BODY, tuple(SIGN_SCORE_INPUTS), ("out",), gpu.backend())
+    (out,) = kern(inputs=[u.astype(mx.float32).reshape(B * Hkv * rep, m), signs, norms, params],
+                  template=[("M", m), ("REP", rep), ("QB", query_bits), ("NW", warps)],
+                  grid=(32 * warps * -(-n // (32 * warps)), B * Hkv, 1), threadgroup=(32 * warps, 1, 1),
+                  output_shapes=[(B * Hkv * rep, n)], output_dtypes=[mx.float32])
+    return out.reshape(B, Hkv, rep, n)
+
+def sign_scores_reference(u, signs, norms, n: int, query_bits: int = 8):
+    "The same quantized estimator as `sign_scores` in MLX ops (any device): unpack the signs, quantize `u`, matmul."
+    _check_sign_step(signs, n, query_bits)
+    m = u.shape[-1]
+    lo, hi = u.min(-1, keepdims=True), u.max(-1, keepdims=True)
+    delta = mx.maximum((hi - lo) / ((1 << query_bits) - 1), 1e-30)
+    ut = lo + delta * mx.clip(mx.round((u - lo) / delta), 0, (1 << query_bits) - 1)
+    z = unpack_bits(signs[:, :, :n], 1, m).astype(mx.float32) * 2 - 1            # [B, Hkv, n, m]
+    s = ut @ z.swapaxes(-1, -2)                                                     # [B, Hkv, rep, n]
+    return s * (math.sqrt(math.pi / 2) / m) * norms[:, :, :n, 0].astype(mx.float32)[:, :, None, :]
+
+# %% ../../nbs/methods/qjl.ipynb #b91c5d8c
+SIGN_SCORE_CU_TYPES = dict(inputs=[("u", "float32"), ("signs", "uint32"), ("norms", "float16"), ("params", "int32")],
+                           outputs=[("out", "float32")])
+register_kernel("sign_scores", SIGN_SCORE_BODY, SIGN_SCORE_CU_TYPES, dict(M=256, REP=4, QB=8, NW=4),
+                [dict(M=128, REP=1, QB=4, NW=2), dict(M=512, REP=8, QB=8, NW=8)])

@@ -11,10 +11,18 @@ import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int, check_bool
 from ..cache import Codec, VQCache, register_cache_class
 from ..quant import rotation, codebook, pack_bits, unpack_bits, packed_words, ROTATIONS
+import veloxquant.gpu as gpu
+from veloxquant.gpu import (
+    DECODE_PARTIAL_OUTPUTS, MERGE_WARPS, MMA_TARGET_GROUPS, MMA_TOKENS, MMA_WARPS, decode_split, register_kernel,
+    _MMA_CHUNK_TAIL, _MMA_DEFINE, _MMA_ONLINE_SOFTMAX, _check_step, _float_bits, _is_int, _kernel, _merge_partials,
+    _nref, _pack)
 
 # %% auto #0
-__all__ = ['TQ_BITS', 'TQ_CODEBOOKS', 'TQ_VARIANTS', 'METHOD', 'check_bits', 'TurboQuantConfig', 'channel_split',
-           'TurboQuantCodec', 'TurboQuantProdCodec', 'qjl_matrix', 'TurboQuantCache']
+__all__ = ['TQ_BITS', 'TQ_CODEBOOKS', 'TQ_VARIANTS', 'METHOD', 'TQ_MMA_DECODE_BODY', 'TQ_DECODE_INPUTS', 'TQ_APPEND_BODY',
+           'TQ_APPEND_INPUTS', 'TQ_APPEND_OUTPUTS', 'TQ_DECODE_CU_TYPES', 'TQ_APPEND_CU_TYPES', 'check_bits',
+           'TurboQuantConfig', 'channel_split', 'TurboQuantCodec', 'TurboQuantProdCodec', 'qjl_matrix',
+           'TurboQuantCache', 'tq_decode_supported', 'codebook_pair_table', 'tq_fused_decode', 'tq_append_supported',
+           'tq_fused_append']
 
 # %% ../../nbs/methods/turboquant.ipynb #d3a6a089
 TQ_BITS = (1, 1.5, 2, 2.5, 3, 3.5, 4)
@@ -38,7 +46,7 @@ class TurboQuantConfig(MethodConfig):
     same for every key, so the softmax cannot see it; values are not centered);
     `variant` 'mse' (default) or 'prod' (keys: `key_bits − 1` bits MSE + 1-bit QJL sketch of the
     residual, unbiased inner products; values stay 'mse'); `use_kernels`: on a GPU, new tokens are encoded
-    by the fused append kernel of `veloxquant.kernels` and, on CUDA, decode steps attend through its fused
+    by the fused append kernel of this module (`tq_fused_append`) and, on CUDA, decode steps attend through its fused
     decode kernel (`tq_fused_decode`: codebook lookups on tensor cores) where they apply ('mse', integer bits,
     no centering, head_dim 64/128 for decode; False: MLX reference)."""
     key_bits: float = 3
@@ -232,22 +240,296 @@ def _make(config: KVCacheConfig):
         return (kc(kd, cfg.key_bits, cfg.seed, cfg.rotation, cfg.codebook, cfg.center),
                 TurboQuantCodec(vd, cfg.value_bits, cfg.seed, cfg.rotation, cfg.codebook))
     def encode(kc, vc):  # the fused append kernel (rotate + codebook + pack, keys and values in one dispatch) where it applies
-        from veloxquant import kernels
         if not (cfg.use_kernels and cfg.variant == "mse" and not cfg.center and kc.head_dim == vc.head_dim
-                and len(kc.groups) == 1 and len(vc.groups) == 1 and kernels.tq_append_supported(kc.head_dim, kc.bits, vc.bits)):
+                and len(kc.groups) == 1 and len(vc.groups) == 1 and tq_append_supported(kc.head_dim, kc.bits, vc.bits)):
             return None
-        return lambda keys, values: kernels.tq_fused_append(keys, values, kc.R, kc.groups[0][4], vc.groups[0][4])
+        return lambda keys, values: tq_fused_append(keys, values, kc.R, kc.groups[0][4], vc.groups[0][4])
     def decode(kc, vc):  # the fused decode kernel (codebook lookups on tensor cores, CUDA) where it applies
-        from veloxquant import kernels
         if not (cfg.use_kernels and cfg.variant == "mse" and not cfg.center and kc.head_dim == vc.head_dim
-                and len(kc.groups) == 1 and len(vc.groups) == 1 and kernels.tq_decode_supported(kc.head_dim, kc.bits, vc.bits, 1)):
+                and len(kc.groups) == 1 and len(vc.groups) == 1 and tq_decode_supported(kc.head_dim, kc.bits, vc.bits, 1)):
             return None
         def run(queries, k, v, n, ek, ev, scale, sinks):
-            if not kernels.tq_decode_supported(kc.head_dim, kc.bits, vc.bits, queries.shape[1] // ek.shape[1]):
+            if not tq_decode_supported(kc.head_dim, kc.bits, vc.bits, queries.shape[1] // ek.shape[1]):
                 return None  # more than 16 query heads per kv head: the reference path
-            return kernels.tq_fused_decode(queries, k, v, n, ek, ev, scale, sinks, kc, vc)
+            return tq_fused_decode(queries, k, v, n, ek, ev, scale, sinks, kc, vc)
         return run
     return TurboQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_encode=encode, fused_decode=decode)
 
 METHOD = register_method("turboquant", TurboQuantConfig, _make,
                          "random rotation + per-coordinate Lloyd–Max codes + fp16 norm (TurboQuant MSE, arXiv 2504.19874)")
+
+# %% ../../nbs/methods/turboquant.ipynb #67c1c0d6
+TQ_MMA_DECODE_BODY = r"""
+// Tensor-core decode attention over TurboQuant MSE codes (one Lloyd-Max codebook per side, KB / VB bits per
+// coordinate packed LSB-first, fp16 norm per token; Zandieh et al. 2025, arXiv 2504.19874, Alg. 1). The scores are
+// taken in the rotated domain, <q, k> = |k| <q R, c[codes]>, and the values summed there (the caller rotates back).
+// q: [ROWS, D] rotated queries q R (any float dtype, unscaled), ROWS = BH*REP, REP <= 16; kc: [BH, CAP, ceil(D KB/32)]
+// uint32, kn: [BH, CAP, 1] fp16; vc, vn likewise; klut: [2^(2 KB)] uint32, entry x | y << KB = the fp16 pair
+// (c[x], c[y]) of the key codebook (vlut likewise): one threadgroup-memory read turns two codes into an MMA operand
+// register. nref: shape [n]. Template SPLIT, SCALE, NW, U, EMU as the affine kernel. Out m (natural log), l, acc.
+""" + _MMA_DEFINE + r"""constexpr int KW = (D * KB + 31) / 32, VW = (D * VB + 31) / 32, KS = D / 16, NT = D / 8, DPT = D / 8, CPT = D / 4;
+constexpr int KSH = (CPT * KB) % 32 != 0, VSH = (DPT * VB) % 32 != 0;          // windows that may start mid-word
+constexpr int KL = (CPT * KB + 31) / 32 + KSH, VL = (DPT * VB + 31) / 32 + VSH;  // words loaded per lane and token
+VQ_SHARED float qs[REP * D];
+VQ_SHARED uint lk[1 << (2 * KB)], lv[1 << (2 * VB)];
+VQ_SHARED float wm[NW * REP], wl[NW * REP];
+VQ_SHARED float wacc[NW * REP * D];
+const int n = nref_shape[0], cap = kc_shape[2], split = SPLIT;
+const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 units: exp2 below
+const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
+const int t0 = chunk * split, t1 = min(n, t0 + split);
+for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
+for (int i = vq_tid; i < (1 << (2 * KB)); i += 32 * NW) lk[i] = klut[i];
+for (int i = vq_tid; i < (1 << (2 * VB)); i += 32 * NW) lv[i] = vlut[i];
+vq_barrier();
+const int g = vq_lane / 4, t = vq_lane % 4;
+const bool ok0 = g < REP, ok1 = g + 8 < REP;
+// A operand of S: lane t owns channels CPT t .. CPT t + CPT - 1; k-step s: channels CPT t + 4s + {0, 1} (regs 0, 1)
+// and + {2, 3} (regs 2, 3), matching the code pairs (4s, 4s+1), (4s+2, 4s+3) of its window
+uint qa[KS][4];
+VQ_UNROLL
+for (int s = 0; s < KS; s++) {
+  const int c0 = CPT * t + 4 * s;
+  qa[s][0] = ok0 ? vq_bits_h2(vq_h2_pair(qs[g * D + c0], qs[g * D + c0 + 1])) : 0u;
+  qa[s][1] = ok1 ? vq_bits_h2(vq_h2_pair(qs[(g + 8) * D + c0], qs[(g + 8) * D + c0 + 1])) : 0u;
+  qa[s][2] = ok0 ? vq_bits_h2(vq_h2_pair(qs[g * D + c0 + 2], qs[g * D + c0 + 3])) : 0u;
+  qa[s][3] = ok1 ? vq_bits_h2(vq_h2_pair(qs[(g + 8) * D + c0 + 2], qs[(g + 8) * D + c0 + 3])) : 0u;
+}
+const long base = (long)bh * cap;
+const int kbit = CPT * KB * t, vbit = DPT * VB * g;                     // this lane's window in a token's bit stream
+const int kw0 = kbit >> 5, ksh = kbit & 31, vw0 = vbit >> 5, vsh = vbit & 31;
+#define VQ_TQ_LOAD_TILE(TT, KR, KN, VR, VN) do { \
+  VQ_UNROLL \
+  for (int nt = 0; nt < 2 * U; nt++) { \
+    const int tok = (TT) + 8 * nt + g; \
+    VQ_UNROLL \
+    for (int i = 0; i < KL; i++) KR[nt][i] = tok < t1 && kw0 + i < KW ? kc[(base + tok) * KW + kw0 + i] : 0u; \
+    VQ_UNROLL \
+    for (int e = 0; e < 2; e++) { const int tk = (TT) + 8 * nt + 2 * t + e; KN[nt][e] = tk < t1 ? vq_float(kn[base + tk]) : 0.0f; } \
+  } \
+  VQ_UNROLL \
+  for (int e = 0; e < 4 * U; e++) { \
+    const int tk = (TT) + 16 * (e / 4) + 2 * t + (e & 1) + 8 * ((e >> 1) & 1); \
+    VQ_UNROLL \
+    for (int i = 0; i < VL; i++) VR[e][i] = tk < t1 && vw0 + i < VW ? vc[(base + tk) * VW + vw0 + i] : 0u; \
+    VN[e] = tk < t1 ? vq_float(vn[base + tk]) : 0.0f; \
+  } \
+} while (0)
+float m2[2] = {VQ_NEG_INF, VQ_NEG_INF}, lsum[2] = {0.0f, 0.0f};
+float o[NT][4];
+VQ_UNROLL
+for (int j = 0; j < NT; j++) { o[j][0] = 0.0f; o[j][1] = 0.0f; o[j][2] = 0.0f; o[j][3] = 0.0f; }
+uint nkr[2 * U][KL], nvr[4 * U][VL];      // the next tile, in flight while this one is computed
+float nkn[2 * U][2], nvn[4 * U];
+{ const int tt = t0 + (int)vq_warp * 16 * U; VQ_TQ_LOAD_TILE(tt, nkr, nkn, nvr, nvn); }
+for (int tt = t0 + (int)vq_warp * 16 * U; tt < t1; tt += 16 * U * NW) {
+  uint kr[2 * U][KL + 1], vr[4 * U][VL + 1];
+  float kn_[2 * U][2], vn_[4 * U];
+  VQ_UNROLL
+  for (int i = 0; i < 2 * U; i++) {
+    kn_[i][0] = nkn[i][0]; kn_[i][1] = nkn[i][1];
+    VQ_UNROLL
+    for (int w = 0; w < KL; w++) kr[i][w] = KSH ? (nkr[i][w] >> ksh) | (ksh && w + 1 < KL ? nkr[i][w + 1] << (32 - ksh) : 0u) : nkr[i][w];
+    kr[i][KL] = 0u;
+  }
+  VQ_UNROLL
+  for (int i = 0; i < 4 * U; i++) {
+    vn_[i] = nvn[i];
+    VQ_UNROLL
+    for (int w = 0; w < VL; w++) vr[i][w] = VSH ? (nvr[i][w] >> vsh) | (vsh && w + 1 < VL ? nvr[i][w + 1] << (32 - vsh) : 0u) : nvr[i][w];
+    vr[i][VL] = 0u;
+  }
+  { const int tn = tt + 16 * U * NW; VQ_TQ_LOAD_TILE(tn, nkr, nkn, nvr, nvn); }
+  // scores: c0, c1 = row g, tokens 2t, 2t+1 of the 8; c2, c3 = row g + 8
+  float sc[2 * U][4];
+  VQ_UNROLL
+  for (int nt = 0; nt < 2 * U; nt++) {
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    VQ_UNROLL
+    for (int s = 0; s < KS; s++) {
+      const uint b0 = lk[vq_code(kr[nt], (4 * s) * KB, KB) | (vq_code(kr[nt], (4 * s + 1) * KB, KB) << KB)];
+      const uint b1 = lk[vq_code(kr[nt], (4 * s + 2) * KB, KB) | (vq_code(kr[nt], (4 * s + 3) * KB, KB) << KB)];
+      VQ_MMA(c, qa[s], b0, b1);
+    }
+    VQ_UNROLL
+    for (int j = 0; j < 4; j++) sc[nt][j] = tt + 8 * nt + 2 * t + (j & 1) < t1 ? c[j] * kn_[nt][j & 1] : VQ_NEG_INF;
+  }
+  float pv[2 * U][4];
+  VQ_UNROLL
+  for (int r = 0; r < 2; r++) {
+""" + _MMA_ONLINE_SOFTMAX + r"""    VQ_UNROLL
+    for (int j = 0; j < NT; j++) { o[j][2 * r] *= corr; o[j][2 * r + 1] *= corr; }
+  }
+  // values: A = P times the value norms; B = codebook pairs (token 2t | 2t+1, 2t+8 | 2t+9) of channel g*DPT + j
+  VQ_UNROLL
+  for (int u = 0; u < U; u++) {
+    const uint pa[4] = {vq_bits_h2(vq_h2_pair(pv[2 * u][0] * vn_[4 * u], pv[2 * u][1] * vn_[4 * u + 1])),
+                        vq_bits_h2(vq_h2_pair(pv[2 * u][2] * vn_[4 * u], pv[2 * u][3] * vn_[4 * u + 1])),
+                        vq_bits_h2(vq_h2_pair(pv[2 * u + 1][0] * vn_[4 * u + 2], pv[2 * u + 1][1] * vn_[4 * u + 3])),
+                        vq_bits_h2(vq_h2_pair(pv[2 * u + 1][2] * vn_[4 * u + 2], pv[2 * u + 1][3] * vn_[4 * u + 3]))};
+    VQ_UNROLL
+    for (int j = 0; j < NT; j++) {
+      const uint b0 = lv[vq_code(vr[4 * u], j * VB, VB) | (vq_code(vr[4 * u + 1], j * VB, VB) << VB)];
+      const uint b1 = lv[vq_code(vr[4 * u + 2], j * VB, VB) | (vq_code(vr[4 * u + 3], j * VB, VB) << VB)];
+      VQ_MMA(o[j], pa, b0, b1);
+    }
+  }
+}
+VQ_UNROLL
+for (int r = 0; r < 2; r++) {
+  float l = lsum[r];
+  l += vq_simd_shuffle_xor(l, 1);
+  l += vq_simd_shuffle_xor(l, 2);
+  const int row = g + 8 * r;
+  if (row < REP) {
+    if (t == 0) { wm[vq_warp * REP + row] = m2[r]; wl[vq_warp * REP + row] = l; }
+    VQ_UNROLL
+    for (int e = 0; e < 2; e++) {
+      VQ_UNROLL
+      for (int j = 0; j < NT; j++) wacc[(vq_warp * REP + row) * D + (2 * t + e) * DPT + j] = o[j][2 * r + e];
+    }
+  }
+}
+""" + _MMA_CHUNK_TAIL
+TQ_DECODE_INPUTS = ["q", "kc", "kn", "vc", "vn", "klut", "vlut", "nref"]
+
+def _int_bits(b) -> int | None:
+    "Integer bit width 1–4 of a codec's (possibly float) `bits`, else None."
+    if type(b) not in (int, float) or not float(b).is_integer(): return None
+    return int(b) if 1 <= int(b) <= 4 else None
+
+def tq_decode_supported(head_dim: int, key_bits, value_bits, rep: int) -> bool:
+    "True when `tq_fused_decode` takes this layout: the CUDA back-end, head_dim in {64, 128}, integer bits 1–4 per side, 1 ≤ rep ≤ 16."
+    return (gpu.backend() == "cuda" and _is_int(head_dim, rep) and head_dim in (64, 128) and _int_bits(key_bits) is not None
+            and _int_bits(value_bits) is not None and 1 <= rep <= 16)
+
+def codebook_pair_table(centroids, bits: int) -> mx.array:
+    """uint32 [2^(2·bits)]: entry `x | y << bits` holds the fp16 pair (`centroids[x]` in the low half, `centroids[y]`
+    in the high half) — the operand table of `TQ_MMA_DECODE_BODY`. `centroids`: the 2^bits codebook values (the
+    Lloyd–Max codebook of TurboQuant, arXiv 2504.19874, §3.1).
+    `ValueError` when their number is not 2^bits."""
+    import numpy as np
+    if type(bits) is not int or not 1 <= bits <= 4: raise ValueError(f"bits={bits!r}; allowed: an integer in [1, 4]")
+    c32 = np.asarray(centroids, dtype=np.float32)
+    if c32.shape != (1 << bits,): raise ValueError(f"centroids must have 2^bits = {1 << bits} entries, got shape {c32.shape}")
+    if not np.all(np.isfinite(c32)) or np.abs(c32).max() > 65504:
+        raise ValueError("centroids must be finite and within the fp16 range (|c| ≤ 65504)")
+    c = c32.astype(np.float16).view(np.uint16).astype(np.uint32)
+    x = np.arange(1 << (2 * bits))
+    return mx.array(c[x & ((1 << bits) - 1)] | (c[x >> bits] << 16))
+
+def _codec_table(codec) -> mx.array:
+    t = getattr(codec, "_kernel_pair_table", None)
+    if t is None:
+        _, _, b, c, *_ = codec.groups[0]
+        t = codec._kernel_pair_table = codebook_pair_table(c, int(b)); mx.eval(t)
+    return t
+
+def tq_fused_decode(queries, k: dict, v: dict, n: int, keys, values, scale: float, sinks, key_codec, value_codec,
+                    split: int | None = None, warps: int | None = None, merge_warps: int | None = None, emulate: bool = False):
+    """A decode step of attention over `turboquant` (MSE, one codebook per side) storage in two kernels plus the
+    rotations: `queries` [B, Hq, 1, D] (any float dtype) over `n` coded tokens (`k`, `v`: dicts of `c0` uint32
+    [B, Hkv, CAP, ceil(D·bits/32)] packed codes and `norm` fp16 [B, Hkv, CAP, 1], `TurboQuantCodec`'s layout) plus the
+    exact `keys`/`values` [B, Hkv, E, D] and optional `sinks` [Hq] logits; `key_codec`/`value_codec` give the
+    rotations `R` and the codebooks. Returns [B, Hq, 1, D] in the queries' dtype; `ValueError` for unsupported
+    layouts (`tq_decode_supported`, one codebook per side, no centered keys). `emulate` runs the software MMA product."""
+    _check_step(queries, keys, values, n, k, "c0")
+    for name, c in (("key_codec", key_codec), ("value_codec", value_codec)):
+        if not (hasattr(c, "groups") and hasattr(c, "R")): raise ValueError(f"{name} must be a TurboQuantCodec, got {type(c).__name__}")
+    B, Hq, L, D = queries.shape
+    Hkv, E = keys.shape[1], keys.shape[2]
+    rep = Hq // Hkv
+    kb, vb = _int_bits(key_codec.groups[0][2]), _int_bits(value_codec.groups[0][2])
+    if (L != 1 or len(key_codec.groups) != 1 or len(value_codec.groups) != 1 or getattr(key_codec, "mu", None) is not None
+            or not tq_decode_supported(D, key_codec.groups[0][2], value_codec.groups[0][2], rep)):
+        raise ValueError(f"fused turboquant decode does not support head_dim={D}, key bits {[gr[2] for gr in key_codec.groups]}, "
+                         f"value bits {[gr[2] for gr in value_codec.groups]}, {rep} query heads per kv head, queries={L}, "
+                         f"centered keys={getattr(key_codec, 'mu', None) is not None} on backend={gpu.backend()}")
+    warps, merge_warps = warps or MMA_WARPS, merge_warps or MERGE_WARPS
+    split = split or decode_split(n, B * Hkv, MMA_TARGET_GROUPS, warps=warps)
+    rows, ns, f32 = B * Hq, -(-n // split), mx.float32
+    Rk, Rv = key_codec.R, value_codec.R
+    qr = (queries.astype(f32) @ Rk).reshape(rows, D)
+    kern = _kernel("vq_tq_mma_decode", TQ_MMA_DECODE_BODY, tuple(TQ_DECODE_INPUTS), tuple(DECODE_PARTIAL_OUTPUTS), gpu.backend())
+    m, l, acc = kern(inputs=[qr, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(key_codec), _codec_table(value_codec), _nref(n)],
+                     template=[("D", D), ("KB", kb), ("VB", vb), ("REP", rep), ("NW", warps), ("U", MMA_TOKENS // 16),
+                               ("EMU", int(emulate)), ("SPLIT", split), ("SCALE", _float_bits(scale))],
+                     grid=(32 * warps * ns, B * Hkv, 1), threadgroup=(32 * warps, 1, 1),
+                     output_shapes=[(rows, ns), (rows, ns), (rows, ns, D)], output_dtypes=[f32, f32, f32])
+    out = _merge_partials(m, l, acc, qr, keys.astype(f32) @ Rk, values.astype(f32) @ Rv, sinks, scale, rep, merge_warps, f32)
+    return (out @ Rv.T).astype(queries.dtype).reshape(B, Hq, 1, D)
+
+# %% ../../nbs/methods/turboquant.ipynb #0ddbd0e3
+TQ_APPEND_BODY = r"""
+// xk, xv: [N, D] new keys / values (any float dtype); R: [D, D] float32 rotation (y = x R); bk, bv: the codebook
+// boundaries [2^KBITS - 1], [2^VBITS - 1] float32 (ascending). Threadgroup: D threads on token vq_group_x of side
+// vq_group_y. Out kc: [N, ceil(D*KBITS/32)] uint32 packed codes, kn: [N, 1] fp16 norms; vc, vn likewise.
+constexpr int KW = (D * KBITS + 31) / 32, VW = (D * VBITS + 31) / 32;
+VQ_SHARED float xs[D], red[D / 32];
+VQ_SHARED uint codes[D];
+const int tok = vq_group_x, side = vq_group_y, d = vq_tid;
+const float x = vq_float(side ? xv[(long)tok * D + d] : xk[(long)tok * D + d]);
+const float ss = vq_simd_sum(x * x);
+if (vq_lane == 0) red[vq_warp] = ss;
+xs[d] = x;
+vq_barrier();
+float nrm2 = 0.0f;
+for (int w = 0; w < D / 32; w++) nrm2 += red[w];
+const float nrm = sqrt(nrm2), inv = 1.0f / fmax(nrm, 1e-30f);
+float y = 0.0f;
+for (int i = 0; i < D; i++) y += (xs[i] * inv) * R[i * D + d];
+uint c = 0u;
+if (side) { for (int i = 0; i < (1 << VBITS) - 1; i++) c += y > bv[i] ? 1u : 0u; }
+else      { for (int i = 0; i < (1 << KBITS) - 1; i++) c += y > bk[i] ? 1u : 0u; }
+codes[d] = c;
+if (d == 0) { if (side) vn[tok] = vq_cast(vq_half, nrm); else kn[tok] = vq_cast(vq_half, nrm); }
+vq_barrier();
+if (side) {""" + _pack("VBITS", "VW", "vc") + r"""} else {""" + _pack("KBITS", "KW", "kc") + r"""}
+"""
+TQ_APPEND_INPUTS = ["xk", "xv", "R", "bk", "bv"]
+TQ_APPEND_OUTPUTS = ["kc", "kn", "vc", "vn"]
+
+def tq_append_supported(head_dim: int, key_bits, value_bits) -> bool:
+    "True when `tq_fused_append` handles this layout: a GPU back-end, head_dim a multiple of 32 up to 1024, integer bits in {1, 2, 3, 4}."
+    ok = lambda b: type(b) is int and b in (1, 2, 3, 4) or (type(b) is float and b.is_integer() and int(b) in (1, 2, 3, 4))
+    return gpu.backend() is not None and head_dim % 32 == 0 and 32 <= head_dim <= 1024 and ok(key_bits) and ok(value_bits)
+
+def tq_fused_append(keys, values, R, key_boundaries, value_boundaries):
+    """TurboQuant MSE encoding (Zandieh et al. 2025, arXiv 2504.19874, Alg. 1: rotate, per-coordinate
+    Lloyd–Max code, fp16 norm) of new `keys`, `values` [B, H, T, D] in one dispatch. `R` float32 [D, D]
+    rotation (`y = x/‖x‖ · R`); `key_boundaries`/`value_boundaries` float32 [2^bits − 1] ascending codebook
+    boundaries (bits in {1, 2, 3, 4}, read from their lengths). Returns `(k_enc, v_enc)`, dicts of `norm`
+    fp16 [B, H, T, 1] and `c0` uint32 [B, H, T, ceil(D·bits/32)] (`TurboQuantCodec`'s layout)."""
+    if not (isinstance(keys, mx.array) and isinstance(values, mx.array) and keys.ndim == 4):
+        raise ValueError("keys and values must be arrays [B, n_kv_heads, T, head_dim]")
+    B, H, T, D = keys.shape
+    kb_, vb_ = int(key_boundaries.shape[0] + 1).bit_length() - 1, int(value_boundaries.shape[0] + 1).bit_length() - 1
+    if values.shape != keys.shape or R.shape != (D, D) or not tq_append_supported(D, kb_, vb_) \
+            or key_boundaries.shape[0] != (1 << kb_) - 1 or value_boundaries.shape[0] != (1 << vb_) - 1:
+        raise ValueError(f"fused turboquant append does not support keys {keys.shape}, values {values.shape}, rotation {R.shape}, "
+                         f"{key_boundaries.shape[0]} / {value_boundaries.shape[0]} boundaries on backend={gpu.backend()}")
+    N = B * H * T
+    kern = _kernel("vq_tq_append", TQ_APPEND_BODY, tuple(TQ_APPEND_INPUTS), tuple(TQ_APPEND_OUTPUTS), gpu.backend())
+    kc, kn, vc, vn = kern(
+        inputs=[keys.reshape(N, D), values.reshape(N, D), R.astype(mx.float32), key_boundaries.astype(mx.float32),
+                value_boundaries.astype(mx.float32)],
+        template=[("D", D), ("KBITS", kb_), ("VBITS", vb_)],
+        grid=(D * N, 2, 1), threadgroup=(D, 1, 1),
+        output_shapes=[(N, -(-D * kb_ // 32)), (N, 1), (N, -(-D * vb_ // 32)), (N, 1)],
+        output_dtypes=[mx.uint32, mx.float16, mx.uint32, mx.float16])
+    r = lambda a: a.reshape(B, H, T, a.shape[-1])
+    return {"norm": r(kn), "c0": r(kc)}, {"norm": r(vn), "c0": r(vc)}
+
+# %% ../../nbs/methods/turboquant.ipynb #4c761848
+TQ_DECODE_CU_TYPES = dict(inputs=[("q", "float32"), ("kc", "uint32"), ("kn", "float16"), ("vc", "uint32"), ("vn", "float16"),
+                                  ("klut", "uint32"), ("vlut", "uint32"), ("nref", "uint8")],
+                          outputs=[("out_m", "float32"), ("out_l", "float32"), ("out_acc", "float32")])
+TQ_APPEND_CU_TYPES = dict(inputs=[("xk", "bfloat16"), ("xv", "bfloat16"), ("R", "float32"), ("bk", "float32"), ("bv", "float32")],
+                          outputs=[("kc", "uint32"), ("kn", "float16"), ("vc", "uint32"), ("vn", "float16")])
+
+register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SPLIT=512, SCALE=_float_bits(128 ** -0.5)),
+                [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, SPLIT=256, SCALE=_float_bits(0.125)),
+                 dict(D=128, KB=4, VB=1, REP=16, NW=4, U=1, EMU=1, SPLIT=200, SCALE=_float_bits(1.0)),
+                 dict(D=64, KB=1, VB=4, REP=8, NW=2, U=2, EMU=0, SPLIT=8192, SCALE=_float_bits(0.1))])
+register_kernel("tq_append", TQ_APPEND_BODY, TQ_APPEND_CU_TYPES, dict(D=128, KBITS=3, VBITS=3),
+                [dict(D=64, KBITS=1, VBITS=4), dict(D=96, KBITS=3, VBITS=2), dict(D=256, KBITS=4, VBITS=4)])
