@@ -111,11 +111,11 @@ def test_benchmark_cli_without_gpu(tmp_path, capsys):
     if gpu.backend() is not None: pytest.skip("has a GPU back-end")
     from veloxquant.cli import main
     out = tmp_path / "b.json"
-    main(["benchmark", "--append", "--generate", "--seq-lens", "40", "--batches", "1", "--head-dims", "64", "--repeats", "1", "--out", str(out)])
+    main(["benchmark", "--append", "--seq-lens", "40", "--batches", "1", "--head-dims", "64", "--repeats", "1", "--out", str(out)])
     assert "skipped" in capsys.readouterr().out
     import json
     res = json.loads(out.read_text())
-    assert res["append"] == [] and res["sign_scores"] == [] and res["tq_decode"] == [] and res["generate"] == []
+    assert res["append"] == [] and res["sign_scores"] == [] and res["tq_decode"] == []
 
 
 def test_benchmark_and_sign_functions_check_arguments():
@@ -134,11 +134,24 @@ def test_benchmark_and_sign_functions_check_arguments():
     bench.print_benchmark(rows)  # no fp16 row: no ratio column, no KeyError
 
 
-def test_benchmark_generate_checks_the_backend_first(monkeypatch):
+def test_benchmark_generate_on_the_cpu(monkeypatch, tmp_path):
+    "Without a GPU `--generate` runs the default model (the 8B-shaped model is never built) against stock mlx-lm, B = 1 and 2."
     if gpu.backend() is not None: pytest.skip("has a GPU back-end")
-    import mlx_lm.models.llama as llama
-    monkeypatch.setattr(llama, "Model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("model built without a GPU")))
-    assert bench.benchmark_generate() == []
+    import json
+    from veloxquant.cli import main
+    out = tmp_path / "g.json"
+    main(["benchmark", "--generate", "--skip-decode", "--contexts", "64", "--gen-batches", "1,2", "--decode-tokens", "2",
+          "--methods", "stock;affine:key_bits=4,value_bits=4", "--out", str(out)])
+    rows = json.loads(out.read_text())["generate"]
+    assert [(r["batch"], r["method"]) for r in rows] == [(1, "stock"), (1, "affine:key_bits=4,value_bits=4"),
+                                                         (2, "stock"), (2, "affine:key_bits=4,value_bits=4")]
+    for r in rows:
+        assert r["model"].startswith("SmolLM2") and r["context"] == 64 and r["prefill_tps"] > 0 and r["decode_tps"] > 0 and r["kv_bytes"] > 0 and r["backend"] == "cpu"
+        assert r["decode_ratio"] > 0 and r["prefill_ratio"] > 0
+    assert rows[1]["kv_bytes"] < rows[0]["kv_bytes"]  # affine 4/4 stores fewer bytes than float32 KVCache
+    with pytest.raises(SystemExit) as e:
+        main(["benchmark", "--generate", "--skip-decode", "--methods", "stock;affine:key_bits=9"])
+    assert e.value.code == 2
 
 
 def test_length_reference_is_a_view():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import mlx.core as mx
 from .gpu import backend
 from .core import parse_method
-from .builder import KVCacheBuilder
+from .builder import KVCacheBuilder, compress, decompress
 from .attention import blockwise_attention
 from .cache import block_tokens
 from .methods.affine import (
@@ -16,8 +16,8 @@ from .methods.turboquant import TurboQuantCodec, tq_decode_supported, tq_fused_d
 from .methods.qjl import QJLKeyCodec, sign_scores_supported, sign_scores
 
 # %% auto #0
-__all__ = ['benchmark_decode', 'print_benchmark', 'benchmark_append', 'benchmark_tq_decode', 'benchmark_sign_scores',
-           'benchmark_generate']
+__all__ = ['STOCK', 'benchmark_decode', 'print_benchmark', 'benchmark_append', 'benchmark_tq_decode', 'benchmark_sign_scores',
+           'benchmark_generate', 'print_generate']
 
 # %% ../nbs/13_bench.ipynb #9bbd4a76
 def _median_time(fn, repeats: int) -> float:
@@ -177,34 +177,115 @@ def benchmark_sign_scores(seq_lens=(4096, 32768), batches=(1, 8), n_heads: int =
                              GBps=(enc["signs"].nbytes + enc["norm"].nbytes) / tf / 1e9))
     return rows
 
-# %% ../nbs/13_bench.ipynb #1f9aef6a
-def benchmark_generate(methods=("fp16", "affine:key_bits=4,value_bits=4"), contexts=(8192, 32768),
-                       decode_tokens: int = 64, n_layers: int = 32, warmup_tokens: int = 8) -> list[dict]:
-    """End-to-end `generate_step` decode speed and peak memory on a random Llama-3.1-8B-shaped model (GPU).
-    The first `warmup_tokens` decode steps are not timed: they include the one-off compilation of the kernels
-    for the context's chunk size (about a second on CUDA), which would otherwise dominate 64 timed steps.
-    Returns [] without a GPU back-end (checked before the model is built)."""
-    if backend() is None: return []
+# %% ../nbs/13_bench.ipynb #8fe81a5f
+STOCK = "stock"  # the baseline of `benchmark_generate`: mlx-lm's own caches (`make_prompt_cache`), no veloxquant
+
+def _generate_model(model, n_layers: int):
+    """(model, prompt_fn(ctx, B) -> list of B token lists, label). None: on a GPU a random-weight Llama-3.1-8B-shaped model
+    (fp16 weights, `n_layers` layers, random prompts), on the CPU the embedded default model (float32) with real
+    Wikipedia prose as prompts; or an mlx_lm model path / hub id (real prose prompts)."""
+    if model is None and backend() is not None:
+        from mlx_lm.models import llama
+        args = llama.ModelArgs(model_type="llama", hidden_size=4096, num_hidden_layers=n_layers, intermediate_size=14336,
+                               num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, vocab_size=128256,
+                               rope_theta=500000.0, tie_word_embeddings=False)
+        m = llama.Model(args); m.set_dtype(mx.float16); mx.eval(m.parameters())
+        def prompts(ctx, B):
+            return [mx.random.randint(0, args.vocab_size, (ctx,), key=mx.random.key(b)).tolist() for b in range(B)]
+        return m, prompts, f"random-weight Llama-3.1-8B shape, fp16 weights, {n_layers} layers"
+    from veloxquant.models import load_model, eval_tokens
+    m, tok = load_model(model)
+    def prompts(ctx, B):
+        return [eval_tokens(tok, ctx, offset=b * ctx) for b in range(B)]
+    return m, prompts, str(model or "SmolLM2-135M-Instruct (default model)")
+
+def _kv_bytes(caches) -> int:
+    return sum(c.nbytes for c in caches)
+
+def _run_one(model, spec: str, prompts: list, decode_tokens: int, warmup_tokens: int, prefill_step_size: int) -> dict:
+    "Prefill + decode of `prompts` (B rows of equal length) through stock mlx-lm generation; timings from the host clock."
     import time
-    from mlx_lm.models import llama
-    from mlx_lm.generate import generate_step
-    args = llama.ModelArgs(model_type="llama", hidden_size=4096, num_hidden_layers=n_layers, intermediate_size=14336,
-                           num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, vocab_size=128256,
-                           rope_theta=500000.0, tie_word_embeddings=False)
-    model = llama.Model(args); model.set_dtype(mx.float16); mx.eval(model.parameters())
+    from mlx_lm.generate import generate_step, BatchGenerator
+    from mlx_lm.models.cache import make_prompt_cache
+    B, ctx, total = len(prompts), len(prompts[0]), warmup_tokens + decode_tokens + 1
+    mx.clear_cache(); mx.reset_peak_memory()
+    if B == 1:
+        caches = make_prompt_cache(model) if spec == STOCK else KVCacheBuilder.for_model(model, parse_method(spec))
+        t0 = time.perf_counter(); times = []
+        for _ in zip(range(total), generate_step(mx.array(prompts[0]), model, max_tokens=total, prompt_cache=caches,
+                                                  prefill_step_size=prefill_step_size)):
+            times.append(time.perf_counter())
+        kv = _kv_bytes(caches)
+    else:  # mlx-lm's continuous batching; veloxquant caches reach it through `compress` (per-sequence caches merged)
+        if spec != STOCK: compress(model, parse_method(spec), probe=False)
+        try:
+            gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=prefill_step_size, prefill_batch_size=B,
+                                 completion_batch_size=B)
+            gen.insert(prompts, [total] * B)
+            t0 = time.perf_counter(); times, kv, seen = [], 0, 0
+            while rs := gen.next_generated():
+                seen += len(rs)
+                if seen >= B * (len(times) + 1): times.append(time.perf_counter())  # one step of every row done
+                kv += sum(_kv_bytes(r.prompt_cache) for r in rs if r.finish_reason is not None and r.prompt_cache)
+            gen.close()
+        finally:
+            if spec != STOCK: decompress(model)
+    prefill_s = times[0] - t0
+    decode_s = times[-1] - times[warmup_tokens]
+    return dict(method=spec, context=ctx, batch=B, prefill_tps=B * ctx / prefill_s,
+                decode_tps=B * (len(times) - 1 - warmup_tokens) / decode_s, peak_memory_gb=mx.get_peak_memory() / 1e9,
+                kv_bytes=kv)
+
+def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3"),
+                       contexts=(8192, 32768), batches=(1,), decode_tokens: int = 64, warmup_tokens: int = 8,
+                       prefill_step_size: int = 2048, model=None, n_layers: int = 32, progress: bool = True) -> list[dict]:
+    """End to end through stock mlx-lm: prefill and decode tokens/s, process peak memory (`mx.get_peak_memory()` over
+    prefill + decode, weights included, GB) and KV bytes (`nbytes` of the caches, after generation) for stock mlx-lm's
+    caches (`"stock"`) and each method spec (`parse_method` strings), side by side in one process, at every
+    context length (prompt tokens) and batch size. B = 1 runs `mlx_lm.generate.generate_step`; B > 1 runs
+    `mlx_lm.generate.BatchGenerator` (continuous batching; veloxquant caches through `compress`, merged by
+    `VQCache.merge`), B prompts of the same length. The first `warmup_tokens` decode steps are not timed (they
+    include one-off kernel compilation). Each record carries `decode_ratio` / `prefill_ratio` to stock at the same
+    context and batch (when `"stock"` is among `methods`).
+
+    model: None → on a GPU a random-weight Llama-3.1-8B-shaped model (fp16, `n_layers` layers, random prompts); on
+    the CPU the embedded default model (SmolLM2-135M-Instruct, float32) with Wikipedia prose; or an mlx_lm model
+    path / hub id. Raises `ValueError` for a bad method spec, context or batch size."""
+    specs = list(methods)
+    for s in specs:
+        if s != STOCK: parse_method(s)  # ValueError naming the bad field before any model is built
+    for name, xs, lo in (("contexts", contexts, 16), ("batches", batches, 1)):
+        if not xs or any(type(x) is not int or x < lo for x in xs):
+            raise ValueError(f"{name}={xs!r}: expected a non-empty list of integers >= {lo}")
+    for name, v, lo in (("decode_tokens", decode_tokens, 2), ("warmup_tokens", warmup_tokens, 0), ("prefill_step_size", prefill_step_size, 1)):
+        if type(v) is not int or v < lo: raise ValueError(f"{name}={v!r}: expected an integer >= {lo}")
+    m, prompt_fn, label = _generate_model(model, n_layers)
+    runs = [(c, b, s) for c in contexts for b in batches for s in specs]
+    if progress:
+        from tqdm.auto import tqdm; runs = tqdm(runs, desc="generate")
+    for spec in specs:  # untimed: one-off costs (kernel compilation, first allocations) stay out of every timed run
+        _run_one(m, spec, prompt_fn(64, batches[0]), 2, 0, prefill_step_size)
     rows = []
-    for ctx in contexts:
-        prompt = mx.random.randint(0, args.vocab_size, (ctx,))
-        for spec in methods:
-            caches = KVCacheBuilder.for_model(model, parse_method(spec))
-            mx.clear_cache(); mx.reset_peak_memory()
-            t0 = time.perf_counter(); times = []
-            total = warmup_tokens + decode_tokens + 1
-            for i, (tok, _) in zip(range(total), generate_step(prompt, model, max_tokens=total, prompt_cache=caches)):
-                times.append(time.perf_counter())
-            prefill_s = times[0] - t0
-            rows.append(dict(context=ctx, method=spec, prefill_s=prefill_s, decode_tps=decode_tokens / (times[-1] - times[warmup_tokens]),
-                             peak_memory_gb=mx.get_peak_memory() / 1e9, kv_bytes=sum(c.nbytes for c in caches)))
-            print(rows[-1], flush=True)
-            del caches
+    for ctx, B, spec in runs:
+        r = _run_one(m, spec, prompt_fn(ctx, B), decode_tokens, warmup_tokens, prefill_step_size)
+        r.update(model=label, backend=backend() or "cpu", mlx=mx.__version__)
+        rows.append(r)
+    base = {(r["context"], r["batch"]): r for r in rows if r["method"] == STOCK}
+    for r in rows:
+        b = base.get((r["context"], r["batch"]))
+        if b is None: continue
+        r["decode_ratio"], r["prefill_ratio"] = r["decode_tps"] / b["decode_tps"], r["prefill_tps"] / b["prefill_tps"]
+        saved = b["kv_bytes"] - r["kv_bytes"]
+        r["peak_target_gb"] = (b["peak_memory_gb"] * 1e9 - 0.7 * saved) / 1e9  # stock peak - 70% of the KV bytes saved
     return rows
+
+def print_generate(rows: list[dict]) -> None:
+    "The table of `benchmark_generate` records (ratios to stock mlx-lm at the same context and batch)."
+    f = lambda r, k, fmt: format(r[k], fmt) if k in r else "–"
+    print("| context | B | method | prefill tok/s | ×stock | decode tok/s | ×stock | peak GB | peak target GB | KV MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['context']} | {r['batch']} | {r['method']} | {r['prefill_tps']:.0f} | {f(r, 'prefill_ratio', '.2f')} | "
+              f"{r['decode_tps']:.1f} | {f(r, 'decode_ratio', '.2f')} | {r['peak_memory_gb']:.3f} | "
+              f"{f(r, 'peak_target_gb', '.3f') if r['method'] != STOCK else '–'} | {r['kv_bytes'] / 1e6:.1f} |")
+

@@ -180,7 +180,7 @@ def int_list(name: str, lo: int, hi: int, choices=None, single: bool = False):
 
 def benchmark_main(argv):
     "`veloxquant benchmark [--seq-lens ...] [--batches ...] [--head-dims ...] [--append] [--generate] [--out FILE]`."
-    from veloxquant.bench import benchmark_decode, print_benchmark, benchmark_generate, benchmark_append, benchmark_sign_scores, benchmark_tq_decode
+    from veloxquant.bench import benchmark_decode, print_benchmark, benchmark_generate, print_generate, benchmark_append, benchmark_sign_scores, benchmark_tq_decode
     p = argparse.ArgumentParser(prog="veloxquant benchmark", description="decode-attention latency and bandwidth")
     p.add_argument("--seq-lens", type=int_list("seq_lens", 1, 1 << 20), default="1024,4096,16384,32768,131072",
                    help="comma-separated cached-token counts (default: %(default)s)")
@@ -192,24 +192,44 @@ def benchmark_main(argv):
                    help="timed evaluations per variant (default: %(default)s)")
     p.add_argument("--append", action="store_true", help="also the fused append (affine, turboquant), qjl sign-scoring and turboquant decode kernels vs their references (GPU)")
     p.add_argument("--generate", action="store_true",
-                   help="also end-to-end decode on a random Llama-3.1-8B-shaped model at 8k and 32k (GPU)")
+                   help="also end to end through stock mlx-lm against stock mlx-lm's caches: prefill/decode tok/s, peak memory, "
+                        "KV bytes (GPU: a random Llama-3.1-8B-shaped model; CPU: the default model on real text)")
+    p.add_argument("--skip-decode", action="store_true", help="skip the decode-attention table (e.g. only --generate)")
+    p.add_argument("--contexts", type=int_list("contexts", 16, 1 << 20), default="8192,32768",
+                   help="--generate: comma-separated prompt lengths (default: %(default)s)")
+    p.add_argument("--gen-batches", type=int_list("gen_batches", 1, 256), default="1",
+                   help="--generate: comma-separated batch sizes; B > 1 runs mlx-lm's BatchGenerator (default: %(default)s)")
+    p.add_argument("--methods", default="stock;affine:key_bits=4,value_bits=4;turboquant:key_bits=3,value_bits=3",
+                   help="--generate: ';'-separated method specs, 'stock' = mlx-lm's own caches (default: %(default)s)")
+    p.add_argument("--decode-tokens", type=int_list("decode_tokens", 2, 100000, single=True), default="64",
+                   help="--generate: timed decode steps (default: %(default)s)")
     p.add_argument("--out", default=None, help="write the records as JSON here")
     a = p.parse_args(argv)
     if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
         p.error(f"--out {a.out!r}: folder {os.path.dirname(os.path.abspath(a.out))!r} does not exist")
     if a.out and os.path.isdir(a.out): p.error(f"--out {a.out!r} is a folder; give a file name")
+    methods = [m.strip() for m in a.methods.split(";") if m.strip()]
+    try:
+        for m in methods:
+            if m != "stock": parse_method(m)
+    except ValueError as e: p.error(f"--methods: {e}")
+    if not methods: p.error("--methods: no method given")
     from veloxquant.gpu import backend
-    if backend() is None and (a.append or a.generate):
-        print("no GPU back-end: --append/--generate need one and are skipped (the decode table runs the reference variants only)")
-    rows = benchmark_decode(a.seq_lens, a.batches, a.head_dims, bits=a.bits, repeats=a.repeats[0])
-    print("one step per evaluation:"); print_benchmark(rows)
-    print("back-to-back steps (per-step time of 20 steps evaluated together):"); print_benchmark(rows, pipelined=True)
-    res = {"decode": rows}
+    if backend() is None and a.append:
+        print("no GPU back-end: --append needs one and is skipped (the decode table runs the reference variants only)")
+    res = {}
+    if not a.skip_decode:
+        rows = benchmark_decode(a.seq_lens, a.batches, a.head_dims, bits=a.bits, repeats=a.repeats[0])
+        print("one step per evaluation:"); print_benchmark(rows)
+        print("back-to-back steps (per-step time of 20 steps evaluated together):"); print_benchmark(rows, pipelined=True)
+        res["decode"] = rows
     if a.append:
         res["append"], res["sign_scores"] = benchmark_append(), benchmark_sign_scores()
         res["tq_decode"] = benchmark_tq_decode()
         for r in res["append"] + res["sign_scores"] + res["tq_decode"]: print(r)
-    if a.generate: res["generate"] = benchmark_generate()
+    if a.generate:
+        res["generate"] = benchmark_generate(methods, a.contexts, a.gen_batches, decode_tokens=a.decode_tokens[0])
+        print_generate(res["generate"])
     if a.out:
         with open(a.out, "w") as f: json.dump(res, f, indent=1)
     return res
