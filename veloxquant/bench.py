@@ -17,7 +17,7 @@ from .methods.qjl import QJLKeyCodec, sign_scores_supported, sign_scores
 
 # %% auto #0
 __all__ = ['STOCK', 'benchmark_decode', 'print_benchmark', 'benchmark_append', 'benchmark_tq_decode', 'benchmark_sign_scores',
-           'benchmark_generate', 'print_generate']
+           'benchmark_generate', 'print_generate', 'benchmark_layer', 'print_layer']
 
 # %% ../nbs/13_bench.ipynb #9bbd4a76
 def _median_time(fn, repeats: int) -> float:
@@ -288,4 +288,77 @@ def print_generate(rows: list[dict]) -> None:
         print(f"| {r['context']} | {r['batch']} | {r['method']} | {r['prefill_tps']:.0f} | {f(r, 'prefill_ratio', '.2f')} | "
               f"{r['decode_tps']:.1f} | {f(r, 'decode_ratio', '.2f')} | {r['peak_memory_gb']:.3f} | "
               f"{f(r, 'peak_target_gb', '.3f') if r['method'] != STOCK else '–'} | {r['kv_bytes'] / 1e6:.1f} |")
+
+
+# %% ../nbs/13_bench.ipynb #b4bcfa09
+def _layer_cache(spec: str):
+    from mlx_lm.models.cache import KVCache
+    return KVCache() if spec == STOCK else parse_method(spec).make_cache()
+
+def _cache_arrays(cache) -> list:
+    "Every array a cache holds (so an evaluation also runs its pending updates)."
+    st = cache.state
+    out = []
+    for v in (st.values() if isinstance(st, dict) else st):
+        if isinstance(v, mx.array): out.append(v)
+        elif isinstance(v, dict): out += [a for a in v.values() if isinstance(a, mx.array)]
+        elif isinstance(v, (list, tuple)): out += [a for a in v if isinstance(a, mx.array)]
+    return out
+
+def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3"),
+                    seq_lens=(4096, 32768), batches=(1, 8), n_heads: int = 32, n_kv_heads: int = 8, head_dim: int = 128,
+                    steps: int = 12, prefill_chunk: int = 2048, dtype=None, progress: bool = True) -> list[dict]:
+    """One layer's decode step as a model runs it: `cache.update_and_fetch` of the step's key/value, then mlx-lm's
+    `scaled_dot_product_attention` (the dispatcher for veloxquant caches), evaluated with the cache's arrays, after a
+    prefill of `S` random tokens in `prefill_chunk`-token chunks through the same calls. Median µs of `steps` steps
+    (each evaluated on its own: launches and host work included), stock mlx-lm's `KVCache` (`"stock"`) side by side,
+    `ratio` = stock µs / method µs (> 1: faster than stock). Shapes: queries [B, n_heads, 1, head_dim] in `dtype` (None: float16 on a GPU, float32 on the CPU, as the models run).
+    Raises `ValueError` for a bad method spec or shape."""
+    import time
+    import mlx_lm.models.base as base  # its scaled_dot_product_attention is the dispatcher once veloxquant caches exist
+    for s in methods:
+        if s != STOCK: parse_method(s)
+    for name, xs in (("seq_lens", seq_lens), ("batches", batches)):
+        if not xs or any(type(x) is not int or x < 1 for x in xs): raise ValueError(f"benchmark_layer: {name}={xs!r} must be positive integers")
+    if n_heads % n_kv_heads: raise ValueError(f"benchmark_layer: n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+    if type(steps) is not int or steps < 1: raise ValueError(f"benchmark_layer: steps={steps!r} must be a positive integer")
+    scale = head_dim ** -0.5
+    dtype = dtype or (mx.float16 if backend() else mx.float32)
+    runs = [(S, B, s) for S in seq_lens for B in batches for s in methods]
+    if progress:
+        from tqdm.auto import tqdm; runs = tqdm(runs, desc="layer step")
+    rows = []
+    for S, B, spec in runs:
+        mx.random.seed(0)
+        cache = _layer_cache(spec)
+        for s0 in range(0, S, prefill_chunk):
+            T = min(prefill_chunk, S - s0)
+            k, v = (mx.random.normal((B, n_kv_heads, T, head_dim)).astype(dtype) for _ in range(2))
+            q = mx.random.normal((B, n_heads, T, head_dim)).astype(dtype)
+            k, v = cache.update_and_fetch(k, v)
+            out = base.scaled_dot_product_attention(q, k, v, cache=cache, scale=scale, mask="causal" if T > 1 else None)
+            mx.eval(out, *_cache_arrays(cache))
+        ts = []
+        for i in range(steps + 3):
+            k1, v1 = (mx.random.normal((B, n_kv_heads, 1, head_dim)).astype(dtype) for _ in range(2))
+            q1 = mx.random.normal((B, n_heads, 1, head_dim)).astype(dtype)
+            mx.eval(k1, v1, q1)
+            t0 = time.perf_counter()
+            k, v = cache.update_and_fetch(k1, v1)
+            out = base.scaled_dot_product_attention(q1, k, v, cache=cache, scale=scale, mask=None)
+            mx.eval(out, *_cache_arrays(cache))
+            if i >= 3: ts.append(time.perf_counter() - t0)
+        ts.sort()
+        rows.append(dict(method=spec, S=S, B=B, us=1e6 * ts[len(ts) // 2], kv_bytes=cache.nbytes, backend=backend() or "cpu"))
+        del cache
+    base_us = {(r["S"], r["B"]): r["us"] for r in rows if r["method"] == STOCK}
+    for r in rows:
+        if (r["S"], r["B"]) in base_us: r["ratio"] = base_us[(r["S"], r["B"])] / r["us"]
+    return rows
+
+def print_layer(rows: list[dict]) -> None:
+    "The table of `benchmark_layer` records."
+    print("| S | B | method | µs per layer step | × stock speed | KV MB |"); print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['S']} | {r['B']} | {r['method']} | {r['us']:.0f} | {format(r['ratio'], '.2f') if 'ratio' in r else '–'} | {r['kv_bytes'] / 1e6:.1f} |")
 

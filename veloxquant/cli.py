@@ -180,7 +180,7 @@ def int_list(name: str, lo: int, hi: int, choices=None, single: bool = False):
 
 def benchmark_main(argv):
     "`veloxquant benchmark [--seq-lens ...] [--batches ...] [--head-dims ...] [--append] [--generate] [--out FILE]`."
-    from veloxquant.bench import benchmark_decode, print_benchmark, benchmark_generate, print_generate, benchmark_append, benchmark_sign_scores, benchmark_tq_decode
+    from veloxquant.bench import benchmark_decode, print_benchmark, benchmark_generate, print_generate, benchmark_layer, print_layer, benchmark_append, benchmark_sign_scores, benchmark_tq_decode
     p = argparse.ArgumentParser(prog="veloxquant benchmark", description="decode-attention latency and bandwidth")
     p.add_argument("--seq-lens", type=int_list("seq_lens", 1, 1 << 20), default="1024,4096,16384,32768,131072",
                    help="comma-separated cached-token counts (default: %(default)s)")
@@ -194,6 +194,9 @@ def benchmark_main(argv):
     p.add_argument("--generate", action="store_true",
                    help="also end to end through stock mlx-lm against stock mlx-lm's caches: prefill/decode tok/s, peak memory, "
                         "KV bytes (GPU: a random Llama-3.1-8B-shaped model; CPU: the default model on real text)")
+    p.add_argument("--layer", action="store_true",
+                   help="also one layer's decode step through the cache (update_and_fetch + mlx-lm's attention) vs stock KVCache, "
+                        "at --seq-lens x --batches, head_dim 128, 32/8 heads, --methods")
     p.add_argument("--skip-decode", action="store_true", help="skip the decode-attention table (e.g. only --generate)")
     p.add_argument("--contexts", type=int_list("contexts", 16, 1 << 20), default="8192,32768",
                    help="--generate: comma-separated prompt lengths (default: %(default)s)")
@@ -227,6 +230,9 @@ def benchmark_main(argv):
         res["append"], res["sign_scores"] = benchmark_append(), benchmark_sign_scores()
         res["tq_decode"] = benchmark_tq_decode()
         for r in res["append"] + res["sign_scores"] + res["tq_decode"]: print(r)
+    if a.layer:
+        res["layer"] = benchmark_layer(methods, a.seq_lens, a.batches)
+        print_layer(res["layer"])
     if a.generate:
         res["generate"] = benchmark_generate(methods, a.contexts, a.gen_batches, decode_tokens=a.decode_tokens[0])
         print_generate(res["generate"])
