@@ -9,10 +9,10 @@ from .attention import install, probe_dispatch
 from .sliding import equivalent_cache
 
 # %% auto #0
-__all__ = ['KVCacheBuilder', 'compress', 'decompress']
+__all__ = ['model_layers', 'KVCacheBuilder', 'compress', 'decompress']
 
 # %% ../nbs/07b_builder.ipynb #c6d1034c
-def _layers(model):
+def model_layers(model):
     for name in ("layers",):
         if hasattr(model, name): return getattr(model, name)
     if hasattr(model, "model") and hasattr(model.model, "layers"): return model.model.layers
@@ -32,7 +32,7 @@ class KVCacheBuilder:
         # the model's own cache factory (None: mlx-lm gives every layer a plain KVCache); after `compress`
         # `model.make_cache` is ours, so the original is read from where `compress` kept it
         orig = model._vq_original_make_cache if hasattr(model, "_vq_original_make_cache") else getattr(model, "make_cache", None)
-        if orig is None: return [config.make_cache() for _ in _layers(model)]
+        if orig is None: return [config.make_cache() for _ in model_layers(model)]
         family = type(model).__module__.rsplit(".", 1)[-1]
         return [equivalent_cache(c, config, family) for c in orig()]
 

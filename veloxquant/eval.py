@@ -8,7 +8,7 @@ import contextlib, dataclasses, importlib, json, math, os, random, re, time
 import numpy as np
 import mlx.core as mx
 from .core import KVCacheConfig, cache_report, method_ids, get_method, parse_method
-from .builder import KVCacheBuilder, _layers
+from .builder import KVCacheBuilder, model_layers
 
 # %% auto #0
 __all__ = ['STANDARD_SETTINGS', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'NIAH_ANSWER_PREFIX', 'TASKS', 'prefill', 'score_continuation',
@@ -101,7 +101,7 @@ class AttentionProbe:
     attention-output and q·k score relative errors (see above). `rows`: one dict per (step, layer)."""
     def __init__(self, model, caches: list):
         self.idx = {id(c): i for i, c in enumerate(caches)}
-        self.layers = _layers(model)
+        self.layers = model_layers(model)
         self.k, self.v = [[] for _ in caches], [[] for _ in caches]
         self.active, self.step, self.rows, self._lazy = False, 0, [], []
 

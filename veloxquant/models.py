@@ -321,15 +321,14 @@ def default_model_path(dtype: str | None = None) -> Path:
     return prepare_default_model(dtype)
 
 # %% ../nbs/04_models.ipynb #a22fc15d
-NAMED_MODELS = {"smollm2-135m": "veloxquant.models.prepare_default_model", "gemma3-270m": "veloxquant.gemma.prepare_gemma_model"}
+# name -> function(dtype) that prepares the model folder; `veloxquant.gemma` adds "gemma3-270m" when imported (`import veloxquant` does)
+NAMED_MODELS = {"smollm2-135m": prepare_default_model}
 
 def resolve_model(path: str | Path | None, dtype: str | None = None) -> str:
     "`path` as a folder or hub id: a name in `NAMED_MODELS` (e.g. \"gemma3-270m\") is prepared first; None is the default model."
     if path is None: return str(default_model_path(dtype))
     if str(path) in NAMED_MODELS:
-        import importlib
-        mod, fn = NAMED_MODELS[str(path)].rsplit(".", 1)
-        return str(getattr(importlib.import_module(mod), fn)(dtype))
+        return str(NAMED_MODELS[str(path)](dtype))
     return str(path)
 
 def load_model(path: str | Path | None = None, dtype: str | None = None):
