@@ -181,3 +181,23 @@ def test_load_in_a_fresh_process(sharp_model, tmp_path):
     out = subprocess.run([sys.executable, "-c", code, *[x[0] for x in files], f], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["FP16Cache", "45", "TurboQuantCache", "45", "VQCache", "45", "VQBatchCache", "45"]
+
+
+@pytest.mark.parametrize("spec", ["affine:key_bits=4,value_bits=4,window=8", "turboquant", "q4_0:window=4"])
+def test_speculative_decoding_runs(sharp_model, spec):
+    """mlx-lm's speculative decoding (draft model = the same tiny model) refuses untrimmable caches; with the
+    compressed caches (fp16 windows smaller than the prompt, so verify steps push blocks out and rejected drafts
+    are trimmed) it runs, and its first 16 tokens are those of plain greedy decoding with the same method. Not
+    all 24 on purpose: a verify step's queries see the code/fp16 split of the step's start, one-token steps
+    see it move every token, so a block can become codes a few tokens earlier or later and this deliberately
+    sharp random model can then pick another low-margin token (tokens stay per-token identical codes)."""
+    from mlx_lm.generate import speculative_generate_step
+    vq.compress(sharp_model, parse_method(spec))
+    prompt = mx.array(PREFIX)
+    cache = sharp_model.make_cache() + sharp_model.make_cache()  # main model's layers, then the draft's
+    assert can_trim_prompt_cache(cache)
+    got = [int(t) for t, _, _ in speculative_generate_step(prompt, sharp_model, sharp_model, num_draft_tokens=3,
+                                                            max_tokens=24, prompt_cache=cache)]
+    ref = [int(t) for (t, _), _ in zip(generate_step(prompt, sharp_model, max_tokens=24, prompt_cache=sharp_model.make_cache()), range(24))]
+    assert len(got) == 24 and cache[0].offset >= len(PREFIX) + 23
+    assert got[:16] == ref[:16], (got, ref)
