@@ -125,4 +125,4 @@ def _make(config: KVCacheConfig):
 METHOD = register_method("qjl", QJLConfig, _make,
                          "1-bit JL sign sketch of keys + fp16 norm, unbiased asymmetric scores; per-token affine values (QJL, arXiv 2406.03482)")
 
-STANDARD_SETTINGS = [dict(), dict(value_bits=2, value_group=32), dict(sketch_dim=256), dict(window=128)]
+STANDARD_SETTINGS = [dict(), dict(value_bits=2, value_group=32), dict(sketch_dim=256), dict(window=0)]

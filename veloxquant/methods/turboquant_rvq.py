@@ -125,4 +125,4 @@ def _make(config: KVCacheConfig):
 
 METHOD = register_method("turboquant_rvq", TurboQuantRVQConfig, _make,
                          "rotation + fp16 norm + residual scalar passes: 1-bit Gaussian, then Laplacian codebooks (seed design)")
-STANDARD_SETTINGS = [dict(), dict(passes=3), dict(passes=2, bits_per_pass=2), dict(window=64)]
+STANDARD_SETTINGS = [dict(), dict(passes=3), dict(passes=2, bits_per_pass=2), dict(window=0)]
