@@ -160,7 +160,7 @@ def test_group_size_must_divide_head_dim(tiny_model):
 
 
 def test_sizes_are_honest(tiny_model):
-    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("affine", key_bits=4, value_bits=4))
+    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("affine", key_bits=4, value_bits=4, window=0))  # window 0: every token coded
     feed(tiny_model, caches, [i % 128 for i in range(512)], (512,))
     rep = vq.cache_report(caches)
     # 2 layers x B1 x 2 heads x 512 tokens x (64 + 64) elements; 4 bits + fp16 scale and bias per 64
@@ -216,10 +216,10 @@ def test_real_generate_no_state_leak(real):
 
 
 def test_tampered_state_refused(tiny_model):
-    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("affine", key_bits=4, value_bits=4))
+    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("affine", key_bits=4, value_bits=4, window=0))  # window 0: every token coded
     feed(tiny_model, caches, list(range(20)), (20,))
     st_ = dict(caches[0].state)
-    bad = dict(st_, config=vq.KVCacheConfig("affine", key_bits=8, value_bits=4).to_json())
+    bad = dict(st_, config=vq.KVCacheConfig("affine", key_bits=8, value_bits=4, window=0).to_json())
     with pytest.raises(ValueError, match="do not match method 'affine'"):
         type(caches[0]).from_state(bad)
     bad = dict(st_, config=vq.KVCacheConfig("fp16", reference=True).to_json())
@@ -241,7 +241,7 @@ def test_fused_decode_hook_is_checked(tiny_model):
     import pytest
     from veloxquant.cache import VQCache
     from veloxquant.methods.affine import AffineCodec
-    cfg = vq.KVCacheConfig("affine")
+    cfg = vq.KVCacheConfig("affine", window=0)  # window 0: the 20 prefill tokens are codes when the decode step comes
     with pytest.raises(ValueError, match="fused_decode must be callable"):
         VQCache(cfg, lambda kd, vd: (AffineCodec(kd, 4, 64), AffineCodec(vd, 4, 64)), fused_decode=5)
     def caches(hook):

@@ -111,14 +111,14 @@ def test_cli_eval_end_to_end(tmp_path):
     charts = all(importlib.util.find_spec(m) for m in ("altair", "vl_convert"))
     out = tmp_path / "res" / "results.json"
     cmd = [sys.executable, "-c", "from veloxquant.cli import main; main()", "eval",
-           "--methods", "fp16;affine:key_bits=4,value_bits=4", "--tasks", "ppl,kl,niah,attn", "--context", "160",
+           "--methods", "fp16;affine:key_bits=4,value_bits=4,window=0", "--tasks", "ppl,kl,niah,attn", "--context", "160",
            "--scored", "8", "--niah-lengths", "160", "--niah-depths", "0.5", "--out", str(out)] + ([] if charts else ["--no-charts"])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "affine k4 v4" in r.stdout and "ΔPPL" in r.stdout
     d = json.loads(out.read_text())
     recs = d["records"]
-    assert [x["label"] for x in recs] == ["fp16", "affine k4 v4"] and d["meta"]["context"] == 160
+    assert [x["label"] for x in recs] == ["fp16", "affine k4 v4 w0"] and d["meta"]["context"] == 160
     assert recs[0]["delta_ppl_pct"] == 0 and recs[0]["kl_mean"] == 0 and recs[0]["top1_agreement"] == 1
     assert recs[0]["attn_out_err"] == 0 and recs[1]["kl_mean"] > 0 and recs[1]["bits_per_element"] < 8
     assert len(recs[1]["niah"]) == 1 and isinstance(recs[1]["niah"][0]["correct"], bool)

@@ -63,10 +63,10 @@ def test_polar_error_decreases_with_bits():
 
 
 @pytest.mark.parametrize("cfg,key_bits", [
-    (vq.KVCacheConfig("qjl"), 128 + 16),                                     # m = 2d sign bits + fp16 norm
-    (vq.KVCacheConfig("qjl", sketch_dim=64, value_bits=2, value_group=32), 64 + 16),
-    (vq.KVCacheConfig("polar"), 32 * 4 + 64 + 4 * 16),                       # level-1 4-bit, 28 2-bit codes in 2 words, 4 radii
-    (vq.KVCacheConfig("polar", levels=0, key_bits=3, deep_bits=1), 96 + 32 + 16),
+    (vq.KVCacheConfig("qjl", window=0), 128 + 16),                                     # m = 2d sign bits + fp16 norm
+    (vq.KVCacheConfig("qjl", sketch_dim=64, value_bits=2, value_group=32, window=0), 64 + 16),
+    (vq.KVCacheConfig("polar", window=0), 32 * 4 + 64 + 4 * 16),                       # level-1 4-bit, 28 2-bit codes in 2 words, 4 radii
+    (vq.KVCacheConfig("polar", levels=0, key_bits=3, deep_bits=1, window=0), 96 + 32 + 16),
 ])
 def test_exact_bits_per_element(tiny_model, cfg, key_bits):
     caches = vq.KVCacheBuilder.for_model(tiny_model, cfg)

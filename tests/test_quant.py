@@ -194,7 +194,7 @@ def test_turboquant_close_to_fp16_and_ordered(tiny_model):
 
 @pytest.mark.parametrize("bits, expect", [(3, 3 + 16 / 64), (2.5, 2.5 + 16 / 64), (4, 4 + 16 / 64), (1.5, 1.5 + 16 / 64)])
 def test_turboquant_sizes_are_honest(tiny_model, bits, expect):
-    cfg = vq.KVCacheConfig("turboquant", key_bits=bits, value_bits=bits, sinks=0, center=False)  # codes + norms only
+    cfg = vq.KVCacheConfig("turboquant", key_bits=bits, value_bits=bits, sinks=0, center=False, window=0)  # codes + norms only
     caches = vq.KVCacheBuilder.for_model(tiny_model, cfg)
     feed(tiny_model, caches, [i % 128 for i in range(512)], (512,))
     rep = vq.cache_report(caches)
@@ -206,7 +206,7 @@ def test_turboquant_sizes_are_honest(tiny_model, bits, expect):
 
 
 def test_turboquant_center_state_and_size(tiny_model):
-    cfg = vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, center=True, sinks=4)
+    cfg = vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, center=True, sinks=4, window=0)
     caches = vq.KVCacheBuilder.for_model(tiny_model, cfg)
     feed(tiny_model, caches, [i % 128 for i in range(512)], (512,))
     c = caches[0]
@@ -230,7 +230,7 @@ def test_turboquant_prod_unbiased_and_sizes(tiny_model):
         errs.append(mx.diagonal(s) - rho)
     e = mx.concatenate(errs)
     assert abs(e.mean().item()) < 4 * e.std().item() / math.sqrt(e.size)
-    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, variant="prod",
+    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, variant="prod", window=0,
                                                                         sinks=0, center=False))
     feed(tiny_model, caches, [i % 128 for i in range(512)], (512,))
     # keys: 2-bit MSE codes + fp16 norm + 64 sign bits + fp16 gamma; values: 3-bit codes + fp16 norm
@@ -238,10 +238,10 @@ def test_turboquant_prod_unbiased_and_sizes(tiny_model):
 
 
 def test_turboquant_tampered_state_refused(tiny_model):
-    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, center=True))
+    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, center=True, window=0))
     feed(tiny_model, caches, list(range(20)), (20,))
     st_ = dict(caches[0].state)
-    bad = dict(st_, config=vq.KVCacheConfig("turboquant", key_bits=2, value_bits=3).to_json())
+    bad = dict(st_, config=vq.KVCacheConfig("turboquant", key_bits=2, value_bits=3, window=0).to_json())
     with pytest.raises(ValueError, match="do not match method 'turboquant'"):
         type(caches[0]).from_state(bad)
     ok = type(caches[0]).from_state(st_)

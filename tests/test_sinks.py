@@ -50,7 +50,7 @@ def test_every_method_has_sinks(tiny_model, method):
     toks = [(i * 7 + 3) % 128 for i in range(300)]
     exact = KVCacheBuilder.for_model(tiny_model, KVCacheConfig("fp16"))
     feed(tiny_model, exact, toks, (2, 98, 200))
-    caches = KVCacheBuilder.for_model(tiny_model, KVCacheConfig(method, sinks=4))
+    caches = KVCacheBuilder.for_model(tiny_model, KVCacheConfig(method, sinks=4, window=0))
     feed(tiny_model, caches, toks, (2, 98, 200))
     for i, (c, e) in enumerate(zip(caches, exact)):
         assert c.n_sink == 4 and c.k_store.length == 296
@@ -103,7 +103,7 @@ def test_attention_probe_aligns_codes_after_sinks(tiny_model):
     "The harness's per-layer q·k error still finds the codes' positions when sink tokens come first."
     from veloxquant.eval import decode_run
     toks = [(i * 5 + 1) % 128 for i in range(120)]
-    run = decode_run(tiny_model, KVCacheConfig("turboquant", key_bits=4, value_bits=4, sinks=4), toks, 8, attn_probe=2)
+    run = decode_run(tiny_model, KVCacheConfig("turboquant", key_bits=4, value_bits=4, sinks=4, window=0), toks, 8, attn_probe=2)
     assert all(a["score_rel_err"] is not None and 0 < a["score_rel_err"] < 0.5 for a in run["attn"]), run["attn"]
-    lossless_run = decode_run(tiny_model, KVCacheConfig("q8_0", sinks=4), toks, 8, attn_probe=2)
+    lossless_run = decode_run(tiny_model, KVCacheConfig("q8_0", sinks=4, window=0), toks, 8, attn_probe=2)
     assert all(a["score_rel_err"] < 0.05 for a in lossless_run["attn"]), lossless_run["attn"]

@@ -58,9 +58,12 @@ class VQBatchCache(VQCache):
 
     Layout: sequences are right-aligned on a shared token axis of `_idx` physical positions; row b has
     `left_padding[b]` padding positions in front; `offset` [B] (int32) is each sequence's length (the
-    RoPE position of its next token). Positions [0, n) are codes (`k_store`/`v_store`, [B, H, n, ...]),
-    the last `min(window, _idx)` positions are exact fp16 (`k_exact`/`v_exact`); padding positions hold
-    codes of zero vectors (finite, always masked out). A right-padded prefill (`prepare(right_padding=)`)
+    RoPE position of its next token). Positions [0, hi) are codes (`k_store`/`v_store`, [B, H, hi, ...]),
+    positions [lo, _idx) are exact fp16 (`k_exact`/`v_exact`), lo ≤ hi; with a `window`, row b reads
+    positions below `boundary[b]` (int32 [B], lo ≤ boundary ≤ hi) as codes and the rest exact, its boundary
+    set by the per-sequence rule (`VQCache.code_target` of the row's own length), so every row splits its
+    tokens into codes and fp16 exactly as it would alone; the overlap [lo, hi) holds both. Padding
+    positions hold codes of zero vectors (finite, always masked out). A right-padded prefill (`prepare(right_padding=)`)
     keeps its tokens exact until `finalize`, which rolls whole rows (padding to the front, as
     `BatchKVCache.finalize`) and encodes what left the window, so every real token is encoded from the
     same values, at the same chunk boundaries, as in a one-by-one run with the same `prefill_step_size`."""
@@ -75,12 +78,14 @@ class VQBatchCache(VQCache):
         self._idx = 0
         self._right_padding = None   # [B] int32 while a right-padded prefill is running
         self.deferred = None         # (keys, values) of that prefill, model dtype, attended but not stored yet
+        self.boundary = None         # [B] int32 with a window: row b reads positions < boundary[b] as codes
 
     # -- per-step contract ------------------------------------------------------------------------
     def update_and_fetch(self, keys, values):
         "Record the step's exact keys/values [B, H, T, D] (RoPE applied with the per-row `offset`); returns them."
         self._ensure_codecs(keys.shape[-1], values.shape[-1])
         if self.pending is not None: self._store_pending()
+        if self.window and self.deferred is None: self._compact()  # as a per-sequence cache at the start of a step
         self.pending = (keys, values)
         self.offset = self.offset + keys.shape[2]
         self._idx += keys.shape[2]
@@ -92,18 +97,59 @@ class VQBatchCache(VQCache):
         dk, dv = self.deferred or (None, None)
         self.deferred = (_cat([dk, k]), _cat([dv, v]))
 
+    def _lo(self) -> int:
+        "First position held in fp16 (`k_exact` covers [lo, stored positions))."
+        held = self._idx - sum(0 if x is None else x[0].shape[2] for x in (self.pending, self.deferred))
+        return held - (0 if self.k_exact is None else self.k_exact.shape[2])
+
+    def _targets(self) -> mx.array:
+        "Per-row code boundary of the per-sequence rule: left_padding + code_target(row length), int32 [B]."
+        W = self.window
+        m = mx.maximum(self._idx - self.left_padding, 0)
+        return self.left_padding + mx.maximum(m // W - 1, 0) * W
+
+    def _compact(self):
+        """Advance every row's code boundary to the per-sequence rule (boundaries never move back): encode,
+        from fp16, the positions that some row now reads as codes, drop the fp16 that no row reads any more."""
+        if self.k_exact is None: return
+        lo, hi = self._lo(), self.k_store.length
+        b = self._targets() if self.boundary is None else mx.maximum(self.boundary, self._targets())
+        b = mx.clip(b, lo, self._idx); self.boundary = b
+        bl = b.tolist(); new_lo, new_hi = min(bl), max(bl)
+        if new_hi > hi:
+            i, j = hi - lo, new_hi - lo
+            self.k_store.append(self.k_codec.encode(self.k_exact[:, :, i:j]))
+            self.v_store.append(self.v_codec.encode(self.v_exact[:, :, i:j]))
+        if new_lo > lo:
+            e = self.k_exact.shape[2]; d = new_lo - lo
+            self.k_exact, self.v_exact = (self.k_exact[:, :, d:], self.v_exact[:, :, d:]) if e > d else (None, None)
+
+    def _overlap_block(self, lo: int, hi: int):
+        "History block over positions [lo, hi): codes for rows whose boundary lies beyond a position, fp16 for the others."
+        coded = (mx.arange(lo, hi)[None] < self.boundary[:, None])[:, None, None, None, :]  # [B, 1, 1, 1, t]
+        kc, vc = self.k_store.slice(lo, hi), self.v_store.slice(lo, hi)
+        ke = mx.expand_dims(self.k_exact[:, :, :hi - lo].astype(mx.float32), 2)
+        ve = mx.expand_dims(self.v_exact[:, :, :hi - lo].astype(mx.float32), 2)
+        scores = lambda q: mx.where(coded, self.k_codec.scores(q, kc), q @ ke.swapaxes(-1, -2))
+        mix = lambda p: self.v_codec.mix(mx.where(coded, p, 0.0), vc) + mx.where(coded, 0.0, p) @ ve
+        return scores, mix, hi - lo
+
     def attend(self, queries, keys, values, scale, mask, sinks=None):
         """Attention of `queries` [B, Hq, L, D] over codes, fp16 window, deferred prefill tokens and the
         step's keys; `mask` is `make_mask`'s boolean [B, 1, L, _idx] (padding and causality)."""
         dk, dv = self.deferred or (None, None)
-        ek = _cat([None if self.k_exact is None else self.k_exact.astype(keys.dtype), dk, keys])
-        ev = _cat([None if self.v_exact is None else self.v_exact.astype(values.dtype), dv, values])
-        if self.k_store.length == 0:
+        hi = self.k_store.length; lo = self._lo() if self.k_exact is not None else hi
+        xk = None if self.k_exact is None else self.k_exact[:, :, hi - lo:]
+        xv = None if self.v_exact is None else self.v_exact[:, :, hi - lo:]
+        ek = _cat([None if xk is None else xk.astype(keys.dtype), dk, keys])
+        ev = _cat([None if xv is None else xv.astype(values.dtype), dv, values])
+        if hi == 0:
             out = mx.fast.scaled_dot_product_attention(queries, ek.astype(queries.dtype), ev.astype(queries.dtype),
                                                        scale=scale, mask=mask, sinks=sinks)
         else:
-            blocks = self._blocks(self.block_size or block_tokens(queries.shape[2], queries.shape[1]))
-            out = blockwise_attention(queries, self.k_store.length, blocks, ek, ev, scale, mask, sinks)
+            blocks = self._blocks(self.block_size or block_tokens(queries.shape[2], queries.shape[1]), lo)
+            if hi > lo: blocks = (b for part in (blocks, [self._overlap_block(lo, hi)]) for b in part)
+            out = blockwise_attention(queries, hi, blocks, ek, ev, scale, mask, sinks)
         if self.pending is not None: self._store_pending()
         return out
 
@@ -123,32 +169,43 @@ class VQBatchCache(VQCache):
             self._right_padding = mx.array(right_padding, dtype=mx.int32)
 
     def finalize(self):
-        "After a right-padded prefill: roll every row right by its padding, encode what is older than the window."
+        """After a right-padded prefill: roll every row right by its padding (codes and fp16 alike, as
+        `BatchKVCache.finalize`); with a window, every row's code boundary follows the per-sequence rule."""
         if self._right_padding is None: return
         if self.pending is not None: self._store_pending()
         p, self._right_padding = self._right_padding, None
+        hi, lo = self.k_store.length, self._lo()
         dk, dv = self.deferred or (None, None); self.deferred = None
         dt = (dk if dk is not None else self.k_exact).dtype
-        xk = _cat([None if self.k_exact is None else self.k_exact.astype(dt), dk])
-        xv = _cat([None if self.v_exact is None else self.v_exact.astype(dt), dv])
-        n, E = self.k_store.length, xk.shape[2]
-        total = n + E; W = min(self.window, total); nb = total - W
+        xk = _cat([None if self.k_exact is None else self.k_exact.astype(dt), dk])  # [lo, total); encoded from fp16 with a window,
+        xv = _cat([None if self.v_exact is None else self.v_exact.astype(dt), dv])  # from the step's values without (as one by one)
+        if self.window: xk, xv = xk.astype(mx.float16), xv.astype(mx.float16)
+        total, E = self._idx, xk.shape[2]
+        self.offset = self.offset - p
+        self.left_padding = self.left_padding + p
+        if self.window:
+            old = self.boundary if self.boundary is not None else mx.full(p.shape, hi, mx.int32)
+            b = mx.minimum(mx.maximum(old + p, self._targets()), total); bl = b.tolist()
+            new_lo, new_hi = min(bl), max(bl)
+            self.boundary = b
+        else: new_lo = new_hi = total
         for side, x, codec in (("k", xk, self.k_codec), ("v", xv, self.v_codec)):
             store = TokenStore()
-            if nb:
-                full = {name: _cat([self.__dict__[f"{side}_store"].slice(0, n)[name] if n else None, a])
-                        for name, a in codec.encode(x).items()}
-                store.append({name: roll_rows(a, p)[:, :, :nb] for name, a in full.items()})
+            if new_hi:  # codes of every position (each real token from its fp16 value), rolled, up to the last boundary
+                old_codes = self.__dict__[f"{side}_store"].slice(0, hi) if hi else None
+                new = codec.encode(x[:, :, hi - lo:]) if E > hi - lo else None
+                full = {name: _cat([None if old_codes is None else old_codes[name], None if new is None else new[name]])
+                        for name in (new or old_codes)}
+                store.append({name: roll_rows(a, p)[:, :, :new_hi] for name, a in full.items()})
             setattr(self, f"{side}_store", store)
-            if W:  # window positions [nb, total) come from pre-roll positions (j - p) mod total, all in x for real tokens
-                j = (mx.arange(nb, total)[None] - p[:, None]) % total - n            # [B, W]
+            W = total - new_lo
+            if W > 0:  # fp16 positions [new_lo, total) come from pre-roll positions (j - p) mod total (held for every real token a row reads exact)
+                j = (mx.arange(new_lo, total)[None] - p[:, None]) % total - lo          # [B, W]
                 j = mx.clip(j, 0, E - 1).reshape(x.shape[0], 1, W, 1)
                 ex = mx.take_along_axis(x, mx.broadcast_to(j, (x.shape[0], x.shape[1], W, x.shape[3])), axis=2)
                 setattr(self, f"{side}_exact", ex.astype(mx.float16))
             else:
                 setattr(self, f"{side}_exact", None)
-        self.offset = self.offset - p
-        self.left_padding = self.left_padding + p
 
     # -- batch membership -------------------------------------------------------------------------
     def _flushed(self):
@@ -157,64 +214,82 @@ class VQBatchCache(VQCache):
             raise ValueError("the batch cache is in the middle of a right-padded prefill; call finalize() first")
 
     def filter(self, batch_indices):
-        "Keep rows `batch_indices` (in that order), then drop padding columns every row has."
+        "Keep rows `batch_indices` (in that order), then drop what no row reads: padding columns every row has, unread codes or fp16."
         self._flushed()
         idx = mx.array(list(batch_indices), dtype=mx.int32)
+        lo = self._lo()
         for store in (self.k_store, self.v_store):
             store.arrays = {k: a[idx] for k, a in store.arrays.items()}
         if self.k_exact is not None: self.k_exact, self.v_exact = self.k_exact[idx], self.v_exact[idx]
         self.offset, self.left_padding = self.offset[idx], self.left_padding[idx]
+        if self.boundary is not None:
+            self.boundary = self.boundary[idx]
+            if len(batch_indices):
+                bl = self.boundary.tolist(); hi = self.k_store.length
+                if max(bl) < hi: self.k_store.trim(hi - max(bl)); self.v_store.trim(hi - max(bl))
+                if self.k_exact is not None and min(bl) > lo:
+                    d = min(bl) - lo; e = self.k_exact.shape[2]
+                    self.k_exact, self.v_exact = (self.k_exact[:, :, d:], self.v_exact[:, :, d:]) if e > d else (None, None)
+                    lo = min(bl)
         m = min(self.left_padding.tolist()) if len(batch_indices) else 0
         if m > 0:
             n = self.k_store.length
             for store in (self.k_store, self.v_store):
                 if m < n: store.arrays = {k: a[:, :, m:] for k, a in store.arrays.items()}; store.length = n - m
                 else: store.arrays, store.length = {}, 0
-            if m > n and self.k_exact is not None:
-                self.k_exact, self.v_exact = self.k_exact[:, :, m - n:], self.v_exact[:, :, m - n:]
+            if m > lo and self.k_exact is not None:
+                self.k_exact, self.v_exact = self.k_exact[:, :, m - lo:], self.v_exact[:, :, m - lo:]
                 if self.k_exact.shape[2] == 0: self.k_exact = self.v_exact = None
             self._idx -= m
             self.left_padding = self.left_padding - m
+            if self.boundary is not None: self.boundary = mx.maximum(self.boundary - m, 0)
 
     def _filler(self, codec, B, H, t):
         "Codes of t zero vectors per row: finite, masked placeholders for padding positions."
         return codec.encode(mx.zeros((B, H, t, codec.head_dim), mx.float16))
 
     def _relayout(self, rows):
-        """Right-align row groups `(k_codes, v_codes, n, k_exact, v_exact, idx, left_padding)` to a shared
-        axis and install the result; exact tokens older than the shared code/window boundary are encoded."""
-        M = max(r[5] for r in rows)
-        nb = max([M - r[5] + r[2] for r in rows if r[2] > 0], default=0)
-        H = next(a.shape[1] for r in rows for a in (*r[0].values(), r[3]) if a is not None)
-        out = {"k": [], "v": [], "ke": [], "ve": [], "lp": []}
-        for kc, vc, n, ke, ve, idx, lp in rows:
-            B, pad = lp.shape[0], M - idx
-            for side, codes, ex, codec in (("k", kc, ke, self.k_codec), ("v", vc, ve, self.v_codec)):
+        """Right-align row groups (dicts: `k`, `v` codes of [0, hi), `hi`, `ke`, `ve` fp16 of [lo, idx), `lo`,
+        `b` code boundaries [B] or None, `idx`, `lp` left padding [B]) to a shared axis and install the result.
+        Codes run to the latest code region of any group (positions a group holds only in fp16 there are
+        encoded from fp16), fp16 from the earliest; each row keeps its own boundary."""
+        M = max(r["idx"] for r in rows)
+        hi = max([M - r["idx"] + r["hi"] for r in rows if r["hi"] > 0], default=0)
+        lo = min(M - r["idx"] + r["lo"] for r in rows)
+        H = next(a.shape[1] for r in rows for a in (*r["k"].values(), r["ke"]) if a is not None)
+        out = {"k": [], "v": [], "ke": [], "ve": [], "lp": [], "b": []}
+        for r in rows:
+            B, pad = r["lp"].shape[0], M - r["idx"]
+            for side, codec in (("k", self.k_codec), ("v", self.v_codec)):
+                codes, ex = r[side], r[side + "e"]
                 parts = []
-                if nb: parts.append(self._filler(codec, B, H, min(pad, nb)) if min(pad, nb) else None)
-                if n: parts.append(codes)
-                m = nb - pad - n  # exact tokens of this row that fall into the code region (only after a trim)
-                if m > 0: parts.append(codec.encode(ex[:, :, :m].astype(mx.float32)))
-                parts = [p for p in parts if p is not None]
+                if hi:
+                    f = min(pad, hi)
+                    if f: parts.append(self._filler(codec, B, H, f))
+                    if r["hi"]: parts.append(codes)
+                    if hi > pad and hi - pad > r["hi"]:
+                        parts.append(codec.encode(ex[:, :, r["hi"] - r["lo"]:hi - pad - r["lo"]]))
                 if parts: out[side].append({k: _cat([p[k] for p in parts]) for k in parts[0]})
                 D = codec.head_dim
-                if pad >= nb: e = _cat([mx.zeros((B, H, pad - nb, D), mx.float16) if pad > nb else None, ex])
-                else: e = None if ex is None else ex[:, :, max(0, nb - pad - n):]
+                z = pad + r["lo"] - lo  # fp16 placeholders: padding, or positions this row reads as codes
+                e = _cat([mx.zeros((B, H, z, D), mx.float16) if z else None, ex])
                 out[side + "e"].append(e if e is not None else mx.zeros((B, H, 0, D), mx.float16))
-            out["lp"].append(lp + pad)
+            out["lp"].append(r["lp"] + pad)
+            out["b"].append((r["b"] if r["b"] is not None else mx.full((B,), r["hi"], mx.int32)) + pad)
         for side in ("k", "v"):
             store = TokenStore()
-            if nb: store.append({k: mx.concatenate([c[k] for c in out[side]], axis=0) for k in out[side][0]})
+            if hi: store.append({k: mx.concatenate([c[k] for c in out[side]], axis=0) for k in out[side][0]})
             setattr(self, f"{side}_store", store)
             e = mx.concatenate(out[side + "e"], axis=0)
             setattr(self, f"{side}_exact", e if e.shape[2] else None)
         self.left_padding = mx.concatenate(out["lp"])
+        self.boundary = mx.minimum(mx.concatenate(out["b"]), hi) if self.window else None
         self._idx = M
 
     def _rows(self):
-        n = self.k_store.length
-        return (self.k_store.slice(0, n) if n else {}, self.v_store.slice(0, n) if n else {}, n,
-                self.k_exact, self.v_exact, self._idx, self.left_padding)
+        hi = self.k_store.length
+        return dict(k=self.k_store.slice(0, hi) if hi else {}, v=self.v_store.slice(0, hi) if hi else {}, hi=hi,
+                    ke=self.k_exact, ve=self.v_exact, lo=self._lo(), b=self.boundary, idx=self._idx, lp=self.left_padding)
 
     def extend(self, other: "VQBatchCache"):
         "Append the rows of `other` (same method); both are right-aligned to the longer one."
@@ -231,21 +306,20 @@ class VQBatchCache(VQCache):
         self.offset = offset
 
     def extract(self, idx: int) -> VQCache:
-        "Sequence `idx` as a fresh per-sequence cache of its method (its padding dropped)."
+        "Sequence `idx` as a fresh per-sequence cache of its method (its padding dropped; its codes below its boundary, fp16 from there)."
         self._flushed()
-        lp = int(self.left_padding[idx].item()); n = self.k_store.length
+        lp = int(self.left_padding[idx].item()); hi, lo = self.k_store.length, self._lo()
+        b = max(lp, int(self.boundary[idx].item()) if self.boundary is not None else hi)
         c = self.config.make_cache()
         if self.k_codec is not None:
             c.dims, c.k_codec, c.v_codec = self.dims, self.k_codec, self.v_codec
-        if lp < n:  # exactly sized (no growth headroom): extracted caches sit in prompt caches
+        if lp < b:  # exactly sized (no growth headroom): extracted caches sit in prompt caches
             for side in ("k", "v"):
                 store = getattr(c, f"{side}_store")
-                store.arrays = {k: mx.contiguous(a[idx:idx + 1]) for k, a in getattr(self, f"{side}_store").slice(lp, n).items()}
-                store.length = n - lp
-        if self.k_exact is not None:
-            s = max(0, lp - n)
-            if s < self.k_exact.shape[2]:
-                c.k_exact = mx.contiguous(self.k_exact[idx:idx + 1, :, s:]); c.v_exact = mx.contiguous(self.v_exact[idx:idx + 1, :, s:])
+                store.arrays = {k: mx.contiguous(a[idx:idx + 1]) for k, a in getattr(self, f"{side}_store").slice(lp, b).items()}
+                store.length = b - lp
+        if self.k_exact is not None and b < self._idx:
+            c.k_exact = mx.contiguous(self.k_exact[idx:idx + 1, :, b - lo:]); c.v_exact = mx.contiguous(self.v_exact[idx:idx + 1, :, b - lo:])
         c.offset = self._idx - lp
         return c
 
@@ -266,8 +340,8 @@ class VQBatchCache(VQCache):
         rows = []
         for c in caches:
             n = c.k_store.length
-            rows.append((c.k_store.slice(0, n) if n else {}, c.v_store.slice(0, n) if n else {}, n,
-                         c.k_exact, c.v_exact, c.offset, mx.array([0], dtype=mx.int32)))
+            rows.append(dict(k=c.k_store.slice(0, n) if n else {}, v=c.v_store.slice(0, n) if n else {}, hi=n,
+                             ke=c.k_exact, ve=c.v_exact, lo=n, b=None, idx=c.offset, lp=mx.array([0], dtype=mx.int32)))
         b._relayout(rows)
         b.offset = mx.array([c.offset for c in caches], dtype=mx.int32)
         return b
@@ -277,15 +351,15 @@ class VQBatchCache(VQCache):
     def empty(self): return self._idx == 0
 
     def trim(self, n: int) -> int:
-        "Drop the last `n` positions of every row (exact window first, then codes); returns the number dropped."
+        "Drop the last `n` positions of every row (fp16 and codes beyond the new end); returns the number dropped."
         self._flushed()
-        n = min(self._idx, n); left = n
-        if self.k_exact is not None and left:
-            w = self.k_exact.shape[2]; d = min(w, left)
-            self.k_exact, self.v_exact = (self.k_exact[:, :, :w - d], self.v_exact[:, :, :w - d]) if w > d else (None, None)
-            left -= d
-        self.k_store.trim(left); self.v_store.trim(left)
-        self._idx -= n; self.offset = self.offset - n
+        n = min(self._idx, n); new = self._idx - n; lo, hi = self._lo(), self.k_store.length
+        if self.k_exact is not None:
+            keep = new - lo
+            self.k_exact, self.v_exact = (self.k_exact[:, :, :keep], self.v_exact[:, :, :keep]) if keep > 0 else (None, None)
+        if hi > new: self.k_store.trim(hi - new); self.v_store.trim(hi - new)
+        if self.boundary is not None: self.boundary = mx.minimum(self.boundary, new)
+        self._idx = new; self.offset = self.offset - n
         return n
 
     @property
@@ -306,6 +380,7 @@ class VQBatchCache(VQCache):
         if self.pending is not None: self._store_pending()
         st = {"config": self.config.to_json(), "window": self.window, "dims": json.dumps(self.dims), "idx": self._idx,
               "offset": self.offset, "left_padding": self.left_padding}
+        if self.boundary is not None: st["boundary"] = self.boundary
         if self.k_store.length:
             st["k"] = self.k_store.slice(0, self.k_store.length); st["v"] = self.v_store.slice(0, self.v_store.length)
         if self.k_exact is not None: st["k_exact"], st["v_exact"] = self.k_exact, self.v_exact
@@ -332,10 +407,11 @@ class VQBatchCache(VQCache):
         self.k_exact, self.v_exact = st.get("k_exact"), st.get("v_exact")
         if "k_deferred" in st: self.deferred = (st["k_deferred"], st["v_deferred"])
         self._right_padding = st.get("right_padding")
-        held = self.k_store.length + sum(0 if a is None else a.shape[2] for a in (self.k_exact, (self.deferred or (None,))[0]))
-        B = self.left_padding.shape[0]
-        if held != self._idx or self.offset.shape != (B,):
-            raise ValueError(f"corrupt cache state: _idx={self._idx} but {held} positions stored, offset shape {self.offset.shape} for {B} rows")
+        self.boundary = st.get("boundary")
+        lo, hi, B = self._lo(), self.k_store.length, self.left_padding.shape[0]
+        if not 0 <= lo <= hi or self.offset.shape != (B,) or (self.boundary is not None and self.boundary.shape != (B,)):
+            raise ValueError(f"corrupt cache state: _idx={self._idx} with {hi} coded positions and fp16 from position {lo}, "
+                             f"offset shape {self.offset.shape} for {B} rows")
 
 # %% ../nbs/11_batch.ipynb #495e7e70
 @register_cache_class

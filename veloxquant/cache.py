@@ -79,8 +79,10 @@ class VQCache(_BaseCache):
 
     Built by a method's factory with its `KVCacheConfig` and the key/value codec factory
     `make_codecs(head_dim_k, head_dim_v) -> (key_codec, value_codec)`, created lazily on the first
-    `update_and_fetch` (head dims are known only then). `window` most recent tokens stay in fp16;
-    so do the first `sinks` tokens of the sequence (attention sinks: StreamingLLM, Xiao et al. 2023,
+    `update_and_fetch` (head dims are known only then). The `window` (W) most recent tokens always stay
+    in fp16 (the residual window, see "The residual window" above): tokens become codes in whole blocks of
+    W aligned at multiples of W (counted after the sinks), a block once it lies entirely older than the
+    last W tokens, always encoded from its fp16 value; so do the first `sinks` tokens of the sequence (attention sinks: StreamingLLM, Xiao et al. 2023,
     arXiv 2309.17453 §3; KVQuant, Hooper et al. 2024, arXiv 2401.18079 §3.5), never encoded.
     `fused_decode(key_codec, value_codec)`, if given, returns a function `(queries, k_arrays, v_arrays,
     n, exact_keys, exact_values, scale, sinks) -> output` that computes a decode step's attention
@@ -126,6 +128,7 @@ class VQCache(_BaseCache):
         self._ensure_codecs(keys.shape[-1], values.shape[-1])
         if self.pending is not None:  # attention was never called for the previous step
             self._flush()
+        if self.window: self._compact()  # encode the blocks that left the window (decided now: see `trim`)
         self.pending = (keys, values)
         self.offset += keys.shape[2]
         return keys, values
@@ -148,7 +151,10 @@ class VQCache(_BaseCache):
                              f"update {tuple(keys.shape[:2])}")
 
     def _flush(self):
-        "Move the pending tokens into the fp16 window, and what overflows the window into the codes."
+        """Move the pending tokens into the sink tokens and the exact store. Without a `window` they are
+        encoded at once (straight from the step's values, `token_group` leftovers kept exact); with a
+        window they join the fp16 window, and `_compact` (at the next `update_and_fetch`) encodes the
+        blocks that left it."""
         k, v = self.pending; self.pending = None
         take = max(0, min(k.shape[2], self.sinks - (self.offset - k.shape[2]))) if self.sinks else 0  # pending tokens at positions < sinks
         if take:
@@ -157,19 +163,44 @@ class VQCache(_BaseCache):
             self.v_sink = vs if self.v_sink is None else mx.concatenate([self.v_sink, vs], axis=2)
             k, v = k[:, :, take:], v[:, :, take:]
             if k.shape[2] == 0: return
-        if self.k_exact is not None:  # the codec sees pending tokens at full precision, window tokens as stored
+        if self.window:
+            k, v = k.astype(mx.float16), v.astype(mx.float16)
+            self.k_exact = k if self.k_exact is None else mx.concatenate([self.k_exact, k], axis=2)
+            self.v_exact = v if self.v_exact is None else mx.concatenate([self.v_exact, v], axis=2)
+            return
+        if self.k_exact is not None:  # token_group leftovers (stored fp16) before the pending tokens
             k = mx.concatenate([self.k_exact.astype(k.dtype), k], axis=2)
             v = mx.concatenate([self.v_exact.astype(v.dtype), v], axis=2)
-        g = max(self.k_codec.token_group, self.v_codec.token_group)
-        n_out = max(0, k.shape[2] - self.window); n_out -= n_out % g
-        if n_out:
-            enc = self.fused_encode(self.k_codec, self.v_codec) if self.fused_encode is not None else None
-            if enc is not None: ke, ve = enc(k[:, :, :n_out], v[:, :, :n_out])
-            else: ke, ve = self.k_codec.encode(k[:, :, :n_out]), self.v_codec.encode(v[:, :, :n_out])
-            self.k_store.append(ke); self.v_store.append(ve)
+        n_out = k.shape[2] - k.shape[2] % self._group()
+        if n_out: self._encode_append(k[:, :, :n_out], v[:, :, :n_out])
         keep = k.shape[2] > n_out
         self.k_exact = k[:, :, n_out:].astype(mx.float16) if keep else None
         self.v_exact = v[:, :, n_out:].astype(mx.float16) if keep else None
+
+    def _group(self) -> int: return max(self.k_codec.token_group, self.v_codec.token_group)
+
+    def _encode_append(self, k, v):
+        enc = self.fused_encode(self.k_codec, self.v_codec) if self.fused_encode is not None else None
+        if enc is not None: ke, ve = enc(k, v)
+        else: ke, ve = self.k_codec.encode(k), self.v_codec.encode(v)
+        self.k_store.append(ke); self.v_store.append(ve)
+
+    def code_target(self, m: int) -> int:
+        """How many of `m` non-sink tokens a cache holds as codes: with a window W, the whole blocks of W
+        (aligned at multiples of W after the sinks) that end at least W tokens before the newest, i.e.
+        `W·(⌊m/W⌋ − 1)` (so W ≤ exact tokens < 2W once m ≥ W); without one, every complete `token_group`."""
+        W, g = self.window, self._group() if self.k_codec is not None else 1
+        t = max(0, (m // W - 1) * W) if W else m
+        return t - t % g
+
+    def _compact(self):
+        "Encode (from their fp16 values, in one call) the exact tokens `code_target` says are old enough."
+        if self.k_exact is None: return
+        n, e = self.k_store.length, self.k_exact.shape[2]
+        cut = self.code_target(n + e) - n
+        if cut <= 0: return
+        self._encode_append(self.k_exact[:, :, :cut], self.v_exact[:, :, :cut])
+        self.k_exact, self.v_exact = (self.k_exact[:, :, cut:], self.v_exact[:, :, cut:]) if e > cut else (None, None)
 
     def attend(self, queries, keys, values, scale, mask, sinks=None):
         "Attention of `queries` [B, Hq, L, D] over the whole cache; see `veloxquant.attention.blockwise_attention`."
@@ -205,8 +236,9 @@ class VQCache(_BaseCache):
         if self.pending is not None: self._flush()
         return out
 
-    def _blocks(self, bs: int):
-        n = self.k_store.length
+    def _blocks(self, bs: int, n: int | None = None):
+        "History blocks of `bs` tokens over the first `n` codes (default: all)."
+        n = self.k_store.length if n is None else n
         for s in range(0, n, bs):
             e = min(n, s + bs)
             yield (lambda q, s=s, e=e: self.k_codec.scores(q, self.k_store.slice(s, e)),
@@ -223,13 +255,22 @@ class VQCache(_BaseCache):
     def size(self): return self.offset
     def empty(self): return self.offset == 0
     def is_trimmable(self):
-        """True when `trim(n)` gives exactly the cache that never saw the last `n` tokens (continuing
-        from it equals a run with the same chunking): no fp16 `window` (window tokens that were already
-        encoded cannot get their exact values back) and codecs that encode every token on its own
-        (`token_group == 1`, no `sequence_state`). mlx-lm's prompt-cache reuse (`can_trim_prompt_cache`,
-        `LRUPromptCache`) only trims caches that say True."""
-        if self.window: return False
+        """True unless a codec keeps statistics of the sequence (`sequence_state`, e.g. turboquant
+        `center=True`: its mean comes from the first chunk encoded) or encodes tokens in groups
+        (`token_group > 1`). With an fp16 `window`, `trim(n)` is exact (continuing equals a fresh run that
+        never saw the last `n` tokens, with the same chunking) when `exact_trim(n)`: always for the tokens
+        of the last step (speculative decoding, a cached prompt's last turn), and whenever no block had to
+        become codes in between; a deeper trim leaves fewer than 2W tokens as codes that a fresh run would
+        still hold in fp16 (within the method's own error, `tests/test_prefix_reuse.py`). mlx-lm's
+        speculative decoding and prompt-cache reuse only trim caches that say True."""
         return all(c is None or (c.token_group == 1 and not c.sequence_state) for c in (self.k_codec, self.v_codec))
+
+    def exact_trim(self, n: int) -> bool:
+        "Whether `trim(n)` leaves exactly the cache of a fresh run that never saw the last `n` tokens (see `is_trimmable`)."
+        if not self.is_trimmable(): return False
+        if self.pending is not None: self._flush()
+        m = max(0, self.offset - min(self.offset, n) - self.sinks)  # non-sink tokens left
+        return min(self.k_store.length, m) <= (self.code_target(m) if self.k_codec is not None else 0)
 
     @classmethod
     def merge(cls, caches):
@@ -240,7 +281,8 @@ class VQCache(_BaseCache):
         return _BATCH_MERGE[0](caches)
 
     def trim(self, n: int) -> int:
-        "Drop the last `n` tokens (exact window first, then codes, then sink tokens); returns the number dropped. `ValueError` for n < 0."
+        """Drop the last `n` tokens (exact window first, then codes, then sink tokens); returns the number dropped.
+        Nothing is decoded: tokens already encoded stay codes (see `is_trimmable`, `exact_trim`). `ValueError` for n < 0."""
         check_int("n", n, 0)
         if self.pending is not None: self._flush()
         n = min(self.offset, n); left = n

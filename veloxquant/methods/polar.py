@@ -50,13 +50,13 @@ class PolarConfig(MethodConfig):
     bits per angle of the deeper levels; `levels` in [1, 8] recursion depth (blocks of `2**levels`
     coordinates, one fp16 radius each; must divide head_dim), or 0 for the full `log2(head_dim)`
     levels; `value_bits` in {2, 4, 8} and `value_group` in {32, 64} for the per-token affine values;
-    `window` ≥ 0 most recent tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the randomized Hadamard rotation."""
+    `window` ≥ 0 (default 64) most recent tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the randomized Hadamard rotation."""
     key_bits: int = 4
     deep_bits: int = 2
     levels: int = 4
     value_bits: int = 4
     value_group: int = 64
-    window: int = 0
+    window: int = 64
     sinks: int = 0
     seed: int = 0
     def validate(self):

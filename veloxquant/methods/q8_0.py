@@ -114,11 +114,11 @@ class Q8_0Codec(BlockCodec):
 
 @dataclass
 class BlockFormatConfig(MethodConfig):
-    """Options shared by the llama.cpp block formats (`q8_0`, `q4_0`): `window` ≥ 0 most recent tokens kept in fp16;
+    """Options shared by the llama.cpp block formats (`q8_0`, `q4_0`): `window` ≥ 0 (default 64) most recent tokens kept in fp16;
     `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `hadamard` (bool) rotates
     keys and values by a randomized Hadamard matrix on head_dim (seed `seed` ≥ 0) before quantizing, as llama.cpp's
     newer KV-cache rotation. Bad values raise `ValueError` naming the field."""
-    window: int = 0
+    window: int = 64
     sinks: int = 0
     hadamard: bool = False
     seed: int = 0

@@ -31,14 +31,14 @@ QJL_KERNEL_MAX_ROWS = 8   # the kernel scores at most this many query rows (rep 
 class QJLConfig(MethodConfig):
     """Options of `qjl`: `sketch_dim` m, the number of sign bits per key (0: `2 × head_dim`, the
     paper's ratio; otherwise a multiple of 32 in [32, 4096]); `value_bits` in {2, 4, 8} and
-    `value_group` in {32, 64} for the per-token group affine value codes; `window` ≥ 0 most recent
+    `value_group` in {32, 64} for the per-token group affine value codes; `window` ≥ 0 (default 128: its 1-bit keys need more exact recent tokens than the other methods) most recent
     tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the Gaussian projection `S`;
     `use_kernels`: on a GPU, key scores of decode steps use the XOR/popcount kernel `sign_scores`
     (query quantized to `QJL_QUERY_BITS` = 8 bit planes) where it applies (False: MLX reference everywhere)."""
     sketch_dim: int = 0
     value_bits: int = 4
     value_group: int = 64
-    window: int = 0
+    window: int = 128
     sinks: int = 0
     seed: int = 0
     use_kernels: bool = True
@@ -127,7 +127,7 @@ def _make(config: KVCacheConfig):
 METHOD = register_method("qjl", QJLConfig, _make,
                          "1-bit JL sign sketch of keys + fp16 norm, unbiased asymmetric scores; per-token affine values (QJL, arXiv 2406.03482)")
 
-STANDARD_SETTINGS = [dict(), dict(value_bits=2, value_group=32), dict(sketch_dim=256), dict(window=128)]
+STANDARD_SETTINGS = [dict(), dict(value_bits=2, value_group=32), dict(sketch_dim=256), dict(window=0)]
 
 # %% ../../nbs/methods/qjl.ipynb #aa490462
 SIGN_SCORE_BODY = r"""

@@ -37,7 +37,7 @@ def check_bits(field: str, value) -> None:
 @dataclass
 class TurboQuantConfig(MethodConfig):
     """Options of `turboquant`: `key_bits`, `value_bits` in {1, 1.5, 2, 2.5, 3, 3.5, 4} (average bits
-    per coordinate, norms not counted); `window` ≥ 0 most recent tokens kept in fp16; `sinks` ≥ 0
+    per coordinate, norms not counted); `window` ≥ 0 (default 64) most recent tokens kept in fp16; `sinks` ≥ 0
     first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the
     rotation; `rotation` 'hadamard' (randomized Hadamard) or 'orthogonal' (Haar); `codebook` 'sphere'
     (Lloyd–Max for the exact coordinate density of a random unit vector) or 'gaussian' (N(0, 1/d));
@@ -51,7 +51,7 @@ class TurboQuantConfig(MethodConfig):
     no centering, head_dim 64/128 for decode; False: MLX reference)."""
     key_bits: float = 3
     value_bits: float = 3
-    window: int = 0
+    window: int = 64
     sinks: int = 0
     seed: int = 0
     rotation: str = "hadamard"

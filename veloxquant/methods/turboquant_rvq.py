@@ -23,12 +23,12 @@ class TurboQuantRVQConfig(MethodConfig):
     """Options of `turboquant_rvq`: `passes` in {1, 2, 3} and `bits_per_pass` in {1, 2} (keys and
     values alike; bits per coordinate = passes · bits_per_pass, plus the fp16 norm); `residual_scale`
     'fixed' (precomputed σ for Gaussian coordinates, no extra bits) or 'rms' (per-vector fp16 RMS
-    stored before each residual pass); `window` ≥ 0 most recent tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the
+    stored before each residual pass); `window` ≥ 0 (default 64) most recent tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the
     randomized Hadamard rotation."""
     passes: int = 2
     bits_per_pass: int = 1
     residual_scale: str = "fixed"
-    window: int = 0
+    window: int = 64
     sinks: int = 0
     seed: int = 0
     def validate(self):
@@ -125,4 +125,4 @@ def _make(config: KVCacheConfig):
 
 METHOD = register_method("turboquant_rvq", TurboQuantRVQConfig, _make,
                          "rotation + fp16 norm + residual scalar passes: 1-bit Gaussian, then Laplacian codebooks (seed design)")
-STANDARD_SETTINGS = [dict(), dict(passes=3), dict(passes=2, bits_per_pass=2), dict(window=64)]
+STANDARD_SETTINGS = [dict(), dict(passes=3), dict(passes=2, bits_per_pass=2), dict(window=0)]
