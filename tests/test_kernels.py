@@ -323,7 +323,7 @@ def test_tq_fused_decode_is_used_in_generation(tiny_model):
     orig = turboquant.tq_fused_decode
     try:
         turboquant.tq_fused_decode = lambda *a, **k: calls.append(1) or orig(*a, **k)
-        caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3))
+        caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, window=0))  # no window: the 40 tokens become codes
         tiny_model(mx.array([[5] * 40]), cache=caches)
         mx.eval(tiny_model(mx.array([[7]]), cache=caches))
     finally:
