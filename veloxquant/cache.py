@@ -11,9 +11,11 @@ import mlx_lm.models.cache as mlx_cache
 from mlx_lm.models.cache import _BaseCache, create_attention_mask
 from .core import KVCacheConfig, MethodConfig, check_int
 from .attention import install, blockwise_attention, dense_blocks
+import veloxquant.gpu as gpu
 
 # %% auto #0
-__all__ = ['VQCache', 'Codec', 'TokenStore', 'block_tokens', 'register_batch_merge', 'register_cache_class']
+__all__ = ['VQCache', 'Codec', 'TokenStore', 'block_tokens', 'register_batch_merge', 'register_cache_class', 'decode_plan',
+           'compiled_decode_attention']
 
 # %% ../nbs/01_cache.ipynb #b0bac49e
 class Codec:
@@ -25,9 +27,12 @@ class Codec:
     many along the sequence (e.g. per-channel key quantization); the cache then keeps up to
     `token_group - 1` extra tokens exact until a group is complete. `sequence_state` True means
     `encode` keeps statistics of the sequence it has seen (e.g. a mean set by the first chunk), so a
-    token's codes depend on earlier tokens: such caches cannot be trimmed exactly or batched."""
+    token's codes depend on earlier tokens: such caches cannot be trimmed exactly or batched. `compilable` True
+    lets `VQCache` trace `scores`/`mix` into `mx.compile`d decode steps: only for codecs whose `scores`/`mix` read
+    nothing but their arguments and arrays that never change, determined by the method's config and head dims."""
     token_group: int = 1
     sequence_state: bool = False
+    compilable: bool = False  # True: `scores`/`mix` are pure functions of (q, block arrays) and constant arrays (see "The compiled decode path")
     def __init__(self, head_dim: int): self.head_dim = head_dim
     def encode(self, x: mx.array) -> dict[str, mx.array]: raise NotImplementedError
     def decode(self, block: dict[str, mx.array]) -> mx.array: raise NotImplementedError
@@ -90,8 +95,10 @@ class VQCache(_BaseCache):
     take, and the reference path runs), or None where it does not apply.
     `fused_encode(key_codec, value_codec)`, if given, returns a function `(keys, values) -> (key_arrays,
     value_arrays)` that encodes new tokens exactly as the codecs' `encode` would, in fused kernels, or None.
-    Keys/values arrive as [B, n_kv_heads, T, head_dim] (keys after RoPE)."""
+    Keys/values arrive as [B, n_kv_heads, T, head_dim] (keys after RoPE). Decode steps that no fused kernel takes
+    run through `compiled_decode_attention` where the codecs are `compilable` (`compiled_decode`: on GPU back-ends)."""
     block_size = None  # tokens per history block; None: `block_tokens` (adapts to the number of queries)
+    compiled_decode = None  # decode steps through `compiled_decode_attention`: None = on GPU back-ends only, True/False = always/never
     attends_itself = True  # the dispatcher's protocol: mlx-lm's attention call goes to `attend`
 
     def __init__(self, config: KVCacheConfig, make_codecs, window: int = 0, fused_decode=None, fused_encode=None,
@@ -228,6 +235,8 @@ class VQCache(_BaseCache):
                                             and mx.issubdtype(out.dtype, mx.floating)):
                     raise ValueError(f"fused_decode returned {getattr(out, 'shape', type(out).__name__)} "
                                      f"{getattr(out, 'dtype', '')}; expected a floating array shaped like the queries {tuple(queries.shape)}")
+            if out is None and queries.shape[2] == 1 and (mask is None or isinstance(mask, str)) and self._use_compiled():
+                out = compiled_decode_attention(self, queries, keys, values, scale, sinks)  # None: not for these codecs
             if out is None:
                 blocks = self._blocks(self.block_size or block_tokens(queries.shape[2], queries.shape[1]))
                 if sk:  # the sink tokens come first in position order: one exact block before the codes
@@ -235,6 +244,10 @@ class VQCache(_BaseCache):
                 out = blockwise_attention(queries, self.n_sink + n, blocks, ek, ev, scale, mask, sinks)
         if self.pending is not None: self._flush()
         return out
+
+    def _use_compiled(self) -> bool:
+        "Whether decode steps without a fused kernel take the compiled path (`compiled_decode`; auto: a GPU back-end)."
+        return gpu.backend() is not None if self.compiled_decode is None else bool(self.compiled_decode)
 
     def _blocks(self, bs: int, n: int | None = None):
         "History blocks of `bs` tokens over the first `n` codes (default: all)."
@@ -383,3 +396,84 @@ def register_cache_class(cls):
     return cls
 
 VQCache = register_cache_class(VQCache)
+
+# %% ../nbs/01_cache.ipynb #c0d1e2f4
+_NEG = float(mx.finfo(mx.float32).min)
+_COMPILED: dict = {}  # (codec classes, head dims, config JSON) -> _DecodeFns: traced once per configuration, shared by layers
+
+def _pow2(t: int) -> int: return 1 << max(0, t - 1).bit_length()
+
+def decode_plan(n: int, bs: int, min_tile: int = 256) -> list[tuple[int, int, int]]:
+    """Windows `(start, size, lo)` over codes [0, n) for the compiled decode: full blocks of `bs` tokens aligned at
+    multiples of `bs` (lo 0, the reference path's own blocks), then the rest in one window of a power-of-two size
+    (at least `min_tile`, at most `bs`) that *ends* at n and whose first `lo` tokens (already counted) are masked out;
+    a history shorter than that window starts with an exact power-of-two block at 0. Window sizes are `bs` or powers
+    of two, so a cache traces at most ~log2(bs) + 2 shapes, however long it grows."""
+    plan = [(s, bs, 0) for s in range(0, n - n % bs, bs)]
+    t = n % bs
+    if t:
+        P = min(bs, _pow2(max(t, min_tile)))
+        if P > n:  # the whole history is shorter than the window: [0, h) exact (h the largest power of two ≤ n), then the rest
+            h = 1 << (n.bit_length() - 1); plan.append((0, h, 0)); t = n - h; P = _pow2(t)
+        if t: plan.append((n - P, P, P - t))
+    return plan
+
+class _DecodeFns:
+    "The compiled pieces of one decode step for one codec configuration (`kc`, `vc` are captured: their arrays are constants)."
+    def __init__(self, kc, vc):
+        f32 = mx.float32
+        def prep(queries, sinks, scale, Hkv, Dv):
+            B, Hq, L, D = queries.shape
+            q = (queries.astype(f32) * scale).reshape(B, Hkv, 1, Hq // Hkv * L, D)  # the rep query heads as rows of one matrix
+            shape = (B, Hkv, 1, q.shape[3], 1)
+            if sinks is None: m, l = mx.full(shape, _NEG, f32), mx.zeros(shape, f32)
+            else: m, l = mx.broadcast_to(sinks.astype(f32).reshape(1, Hkv, 1, Hq // Hkv, 1), shape), mx.ones(shape, f32)
+            return q, m, l, mx.zeros((*shape[:-1], Dv), f32)
+        def update(s, mix, m, l, acc, valid):  # blockwise_attention's online-softmax step
+            if valid is not None: s = mx.where(valid, s, _NEG)
+            m_new = mx.maximum(m, s.max(-1, keepdims=True))
+            c, p = mx.exp(m - m_new), mx.exp(s - m_new)
+            if valid is not None: p = mx.where(valid, p, 0.0)
+            return m_new, l * c + p.sum(-1, keepdims=True), acc * c + mix(p)
+        def online(s, vb, m, l, acc, lo):
+            valid = None if lo is None else mx.arange(s.shape[-1]) >= lo
+            return update(s, lambda p: vc.mix(p, vb), m, l, acc, valid)
+        def block(q, kb, vb, m, l, acc, lo): return online(kc.scores(q, kb), vb, m, l, acc, lo)
+        def final(q, ek, ev, m, l, acc, hi, dtype):
+            k, v = mx.expand_dims(ek.astype(f32), 2), mx.expand_dims(ev.astype(f32), 2)
+            s = q @ k.swapaxes(-1, -2)
+            valid = None if hi is None else mx.arange(s.shape[-1]) < hi
+            m, l, acc = update(s, lambda p: p @ v, m, l, acc, valid)
+            out = acc / l
+            B, Hkv, _, R, Dv = out.shape
+            return out.reshape(B, Hkv * R, 1, Dv).astype(getattr(mx, dtype))
+        self.prep, self.online, self.block, self.final = (mx.compile(f) for f in (prep, online, block, final))
+
+def compiled_decode_attention(cache, queries, keys, values, scale, sinks=None):
+    """One decode step's attention (one query token, no mask over the history) of `cache` through compiled pieces:
+    each history window (`decode_plan`) is one call of a function compiled by `mx.compile` that fuses the key codec's
+    `scores`, the online-softmax update and the value codec's `mix`; the exact tokens (sinks, window, this step),
+    zero-padded to a power of two, and the final division are one more. None where it does not apply (the value codec
+    is not `compilable`, several queries); a key codec that is not `compilable` scores uncompiled, the rest is compiled."""
+    kc, vc = cache.k_codec, cache.v_codec
+    B, Hq, L, _ = queries.shape
+    Hkv = keys.shape[1]
+    if not vc.compilable or L != 1 or Hq % Hkv: return None
+    key = (type(kc), type(vc), cache.dims, cache.config.to_json())
+    fns = _COMPILED.get(key)
+    if fns is None: fns = _COMPILED[key] = _DecodeFns(kc, vc)
+    q, m, l, acc = fns.prep(queries, sinks, float(scale), Hkv, values.shape[-1])
+    for s, P, lo in decode_plan(cache.k_store.length, cache.block_size or block_tokens(L, Hq)):
+        kb, vb = cache.k_store.slice(s, s + P), cache.v_store.slice(s, s + P)
+        lo = mx.array(lo, mx.int32) if lo else None
+        if kc.compilable: m, l, acc = fns.block(q, kb, vb, m, l, acc, lo)
+        else: m, l, acc = fns.online(kc.scores(q, kb), vb, m, l, acc, lo)
+    ks, vs = [keys], [values]
+    if cache.k_exact is not None: ks.insert(0, cache.k_exact.astype(keys.dtype)); vs.insert(0, cache.v_exact.astype(values.dtype))
+    if cache.k_sink is not None: ks.insert(0, cache.k_sink.astype(keys.dtype)); vs.insert(0, cache.v_sink.astype(values.dtype))
+    E = sum(a.shape[2] for a in ks); Ep = max(16, _pow2(E))
+    if Ep > E:
+        ks.append(mx.zeros((*keys.shape[:2], Ep - E, keys.shape[3]), keys.dtype))
+        vs.append(mx.zeros((*values.shape[:2], Ep - E, values.shape[3]), values.dtype))
+    ek, ev = (mx.concatenate(a, axis=2) if len(a) > 1 else a[0] for a in (ks, vs))
+    return fns.final(q, ek, ev, m, l, acc, mx.array(E, mx.int32) if Ep > E else None, str(queries.dtype).split(".")[-1])

@@ -44,6 +44,7 @@ class AffineConfig(MethodConfig):
 
 class AffineCodec(Codec):
     "Per-token group affine quantization along head_dim (`mx.quantize`); codes uint32, scales/biases fp16."
+    compilable = True  # pure scores/mix: the compiled decode path (when the fused kernel does not run) may trace them
     def __init__(self, head_dim: int, bits: int, group_size: int):
         if head_dim % group_size:
             raise ValueError(f"group_size={group_size} does not divide head_dim={head_dim}; allowed: divisors of {head_dim} among (32, 64, 128)")

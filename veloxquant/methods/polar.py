@@ -71,6 +71,7 @@ class PolarKeyCodec(Codec):
     """PolarQuant codec: rotation, `levels` of recursive polar transform; level-1 angles with
     `key_bits` (uniform), deeper angles with `deep_bits` (Lloyd–Max per level), fp16 block radii.
     Storage: `a1` uint32 (packed level-1 codes), `ad` uint32 (packed deeper codes), `r` fp16 [.., d / 2**levels]."""
+    compilable = True  # scores/mix read only the block and constant R / codebooks (compiled decode path)
     def __init__(self, head_dim: int, key_bits: int = 4, deep_bits: int = 2, levels: int = 4, seed: int = 0):
         super().__init__(head_dim); d = head_dim
         L = levels or int(math.log2(d))

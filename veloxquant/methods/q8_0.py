@@ -45,6 +45,7 @@ class BlockCodec(Codec):
     quantizing; scores then use `q·R` (computed once per attention call) and the mix is rotated back."""
     bits: int = 8
     offset: int = 128
+    compilable = True  # scores/mix read only the block and constant R: the compiled decode path may trace them
     def __init__(self, head_dim: int, hadamard: bool = False, seed: int = 0):
         if head_dim % QK:
             raise ValueError(f"head_dim={head_dim} is not supported: block formats need a multiple of {QK}")

@@ -70,6 +70,8 @@ class QJLKeyCodec(Codec):
         self.name = f"qjl/S/m{self.m}/d{head_dim}/seed{seed}"
         self.c = math.sqrt(math.pi / 2) / self.m
         self._qkey = self._qproj = None
+        # the compiled decode path traces scores/mix of the MLX path only; where the sign-score kernel may run, it scores uncompiled
+        self.compilable = not (use_kernels and sign_scores_supported(self.m))
 
     def encode(self, x):
         x = x.astype(mx.float32)

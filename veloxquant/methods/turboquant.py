@@ -87,6 +87,7 @@ class TurboQuantCodec(Codec):
         super().__init__(head_dim)
         d = head_dim; self.bits, self.center, self.mu = bits, center, None
         self.sequence_state = center  # mu comes from the first chunk: no exact trim, no batching
+        self.compilable = not center  # the compiled decode path traces scores/mix; a mean mu set later would be baked in
         self.R = rotation(rotation_kind, d, seed)
         self.rot_name = f"rotation/{rotation_kind}/d{d}/seed{seed}"
         self.groups = []

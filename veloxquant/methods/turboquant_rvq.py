@@ -58,6 +58,7 @@ class RVQCodec(Codec):
     """`turboquant_rvq` codec for one side of one layer: randomized Hadamard rotation, fp16 norm,
     `passes` packed code arrays `c0…` of `bits` bits each; with `residual_scale='rms'` also fp16
     per-vector scales `s1…` for the residual passes."""
+    compilable = True  # scores/mix read only the block and constant R / codebooks (compiled decode path)
     def __init__(self, head_dim: int, passes: int = 2, bits: int = 1, residual_scale: str = "fixed", seed: int = 0):
         super().__init__(head_dim)
         d = head_dim; self.passes, self.bits, self.rms = passes, bits, residual_scale == "rms"
