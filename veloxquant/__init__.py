@@ -13,6 +13,4 @@ from . import models
 from . import gemma  # registers the named model "gemma3-270m"
 from . import batch
 for _m in method_ids(): get_method(_m)  # every cache class registered, so load_prompt_cache works in a fresh process
-__all__ = ["KVCacheConfig", "KVCacheBuilder", "compress", "decompress", "cache_report", "method_ids", "get_method",
-           "parse_method", "VQCache", "Codec", "install", "uninstall", "models", "batch"]
 
