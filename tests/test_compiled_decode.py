@@ -62,7 +62,8 @@ def test_not_compiled_where_unsafe_or_cpu_default():
     assert calls == [True]  # the centered keys score uncompiled (their mean stays live); softmax and values compiled
     assert mx.allclose(out, ref, rtol=1e-5, atol=1e-6).item()
     c = parse_method("q4_0").make_cache()
-    assert c.compiled_decode is None and c._use_compiled() == (gpu.backend() is not None)
+    assert c.compiled_decode is False and not c._use_compiled()  # off by default
+    c.compiled_decode = None; assert c._use_compiled() == (gpu.backend() is not None)  # None: GPU back-ends only
 
 
 def test_traced_shapes_bounded():

@@ -96,9 +96,9 @@ class VQCache(_BaseCache):
     `fused_encode(key_codec, value_codec)`, if given, returns a function `(keys, values) -> (key_arrays,
     value_arrays)` that encodes new tokens exactly as the codecs' `encode` would, in fused kernels, or None.
     Keys/values arrive as [B, n_kv_heads, T, head_dim] (keys after RoPE). Decode steps that no fused kernel takes
-    run through `compiled_decode_attention` where the codecs are `compilable` (`compiled_decode`: on GPU back-ends)."""
+    run through `compiled_decode_attention` where the codecs are `compilable` and `compiled_decode` says so (off by default)."""
     block_size = None  # tokens per history block; None: `block_tokens` (adapts to the number of queries)
-    compiled_decode = None  # decode steps through `compiled_decode_attention`: None = on GPU back-ends only, True/False = always/never
+    compiled_decode = False  # decode steps through `compiled_decode_attention`: True = always, None = on GPU back-ends only, False = never (default: not yet faster, see the notebook)
     attends_itself = True  # the dispatcher's protocol: mlx-lm's attention call goes to `attend`
 
     def __init__(self, config: KVCacheConfig, make_codecs, window: int = 0, fused_decode=None, fused_encode=None,
