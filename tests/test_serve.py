@@ -15,7 +15,7 @@ import pytest
 import veloxquant as vq
 from veloxquant.core import parse_method
 
-METHOD = "affine:key_bits=8,value_bits=8"  # 8-bit: batched tokens equal one-by-one ones (see test_batch)
+METHOD = "affine:key_bits=8,value_bits=8,window=0"  # 8-bit: batched tokens equal one-by-one ones (see test_batch); window 0: these short chats would otherwise fit the default fp16 window and store nothing coded
 MAX_TOKENS = 10
 
 
