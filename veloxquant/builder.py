@@ -13,8 +13,8 @@ __all__ = ['model_layers', 'KVCacheBuilder', 'compress', 'decompress']
 
 # %% ../nbs/07b_builder.ipynb #c6d1034c
 def model_layers(model):
-    for name in ("layers",):
-        if hasattr(model, name): return getattr(model, name)
+    "The transformer blocks of an mlx_lm model (`model.layers` or `model.model.layers`); `ValueError` naming the type otherwise."
+    if hasattr(model, "layers"): return model.layers
     if hasattr(model, "model") and hasattr(model.model, "layers"): return model.model.layers
     raise ValueError(f"model of type {type(model).__name__} has no `layers`; cannot build KV caches for it")
 
