@@ -4,12 +4,15 @@
 
 # %% ../nbs/07b_builder.ipynb #f3d35e07
 from __future__ import annotations
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, RotatingKVCache, ChunkedKVCache
 from .core import KVCacheConfig
-from .attention import install, probe_dispatch
+from .attention import install, attention_hook
 from .sliding import equivalent_cache
 
+
 # %% auto #0
-__all__ = ['model_layers', 'KVCacheBuilder', 'compress', 'decompress']
+__all__ = ['model_layers', 'refusal', 'check_model', 'KVCacheBuilder', 'compress', 'decompress']
 
 # %% ../nbs/07b_builder.ipynb #c6d1034c
 def model_layers(model):
@@ -17,6 +20,69 @@ def model_layers(model):
     if hasattr(model, "layers"): return model.layers
     if hasattr(model, "model") and hasattr(model.model, "layers"): return model.model.layers
     raise ValueError(f"model of type {type(model).__name__} has no `layers`; cannot build KV caches for it")
+
+_STANDS_IN = (KVCache, RotatingKVCache, ChunkedKVCache)
+_PROBE_TOKENS = ([1, 2, 3], [4])  # a 3-token prompt, then one decode step over a history
+_PROBE_TOL = 0.05  # largest logit difference allowed, relative to the largest logit magnitude
+
+def refusal(model, why: str) -> ValueError:
+    "The one build-time refusal every entry point raises: `ValueError('veloxquant cannot serve model family ...: why; ...')`."
+    return ValueError(f"veloxquant cannot serve model family {type(model).__module__!r}: {why}; "
+                      "it is refused at build time, before the first token, rather than run wrong or uncompressed")
+
+def _own_caches(model) -> list:
+    # the model's own cache factory (None: mlx-lm gives every layer a plain KVCache); after `compress`
+    # `model.make_cache` is ours, so the original is read from where `compress` kept it
+    orig = model._vq_original_make_cache if hasattr(model, "_vq_original_make_cache") else getattr(model, "make_cache", None)
+    return [KVCache() for _ in model_layers(model)] if orig is None else orig()
+
+def _build(model, config: KVCacheConfig) -> list:
+    own = _own_caches(model)
+    bad = sorted({type(c).__name__ for c in own if type(c) not in _STANDS_IN})
+    if bad:
+        raise refusal(model, f"its make_cache builds caches of type {', '.join(bad)}; veloxquant stands in only for "
+                             "KVCache, RotatingKVCache and ChunkedKVCache layers")
+    family = type(model).__module__.rsplit(".", 1)[-1]
+    return [equivalent_cache(c, config, family) for c in own]
+
+class _Verdict:  # a plain object, so that mlx's Module keeps it out of the parameter tree
+    def __init__(self, error): self.error = error
+
+def _probe(model):
+    "The refusal message for `model`, or None when it is served (see `check_model`)."
+    try: ours = _build(model, KVCacheConfig("fp16", reference=True))
+    except ValueError as e: return str(e)
+    stock = _own_caches(model)
+    ref = [model(mx.array([t]), cache=stock) for t in _PROBE_TOKENS]; mx.eval(ref)
+    seen = set()
+    try:
+        with attention_hook(lambda c, *a: seen.add(id(c))):
+            out = [model(mx.array([t]), cache=ours) for t in _PROBE_TOKENS]; mx.eval(out)
+    except Exception as e:
+        return str(refusal(model, f"a 4-token probe through veloxquant's exact fp16 reference caches fails "
+                                  f"({type(e).__name__}: {str(e)[:200]})"))
+    missed = [i for i, c in enumerate(ours) if getattr(c, "attends_itself", False) and id(c) not in seen]
+    if missed:
+        return str(refusal(model, f"it computes attention without mlx_lm.models.base.scaled_dot_product_attention "
+                                  f"(layers {missed[:5]}{'...' if len(missed) > 5 else ''}), so its caches would be bypassed"))
+    err = max((mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max() / (mx.abs(b.astype(mx.float32)).max() + 1e-6)).item()
+              for a, b in zip(out, ref))
+    if not err <= _PROBE_TOL:
+        return str(refusal(model, f"a 4-token probe through veloxquant's exact fp16 reference caches gives logits "
+                                  f"{err:.3g} (relative) away from the model's own caches (allowed: {_PROBE_TOL})"))
+    return None
+
+def check_model(model) -> None:
+    """Raise the build-time refusal (`ValueError`, see `refusal`) unless veloxquant can serve `model`: its own
+    `make_cache` builds only `KVCache`/`RotatingKVCache`/`ChunkedKVCache` layers, and a 4-token probe (3 prompt
+    tokens, one decode step) through veloxquant's exact fp16 reference caches runs, reaches every layer through the
+    dispatcher and matches the model's own caches (largest logit difference at most 5 % of the largest logit).
+    The verdict is kept on the model (`model._vq_verdict`), so the probe runs once per model object."""
+    v = getattr(model, "_vq_verdict", None)
+    if not isinstance(v, _Verdict):
+        install()
+        v = _Verdict(_probe(model)); model._vq_verdict = v
+    if v.error: raise ValueError(v.error)
 
 class KVCacheBuilder:
     "Builds the per-layer caches of a model for a `KVCacheConfig`."
@@ -26,32 +92,28 @@ class KVCacheBuilder:
         own `make_cache` uses `KVCache`, `RotatingKVCache` or `ChunkedKVCache`, the method's cache or its
         sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`).
 
-        Raises `ValueError` naming the model family when its own `make_cache` builds any other cache type."""
+        Raises `ValueError` for a config that is not a `KVCacheConfig`, and the build-time refusal of `check_model`
+        (`veloxquant cannot serve model family ...`) for a model veloxquant cannot serve."""
         if not isinstance(config, KVCacheConfig): raise ValueError(f"config={config!r} must be a KVCacheConfig")
         install()
-        # the model's own cache factory (None: mlx-lm gives every layer a plain KVCache); after `compress`
-        # `model.make_cache` is ours, so the original is read from where `compress` kept it
-        orig = model._vq_original_make_cache if hasattr(model, "_vq_original_make_cache") else getattr(model, "make_cache", None)
-        if orig is None: return [config.make_cache() for _ in model_layers(model)]
-        family = type(model).__module__.rsplit(".", 1)[-1]
-        return [equivalent_cache(c, config, family) for c in orig()]
+        check_model(model)
+        return _build(model, config)
 
 def compress(model, config: KVCacheConfig, probe: bool = True):
     """Make `model.make_cache()` return fresh veloxquant caches built from `config`; returns `model`.
 
-    Installs the attention dispatcher (idempotent). With `probe=True` one token is run through fresh
-    caches to check that every layer attends through the dispatcher; a model that computes attention
-    itself raises `ValueError` naming its module. `decompress(model)` undoes it."""
+    Installs the attention dispatcher (idempotent) and checks the model (`check_model`: a model veloxquant cannot
+    serve raises the build-time refusal `ValueError`, and the model is left as it was). `probe=False` skips the
+    probe for a model the caller vouches for (benchmarks of known models); the cache-type check still runs.
+    `decompress(model)` undoes it."""
+    if not isinstance(config, KVCacheConfig): raise ValueError(f"config={config!r} must be a KVCacheConfig")
     install()
-    KVCacheBuilder.for_model(model, config)  # validates the model's cache layout
+    if not probe and not isinstance(getattr(model, "_vq_verdict", None), _Verdict): model._vq_verdict = _Verdict(None)
+    KVCacheBuilder.for_model(model, config)  # validates the model and the config before anything is changed
     if not hasattr(model, "_vq_original_make_cache"):
         model._vq_original_make_cache = getattr(model, "make_cache", None)
     model.make_cache = lambda: KVCacheBuilder.for_model(model, config)
     model._vq_config = config
-    if probe:
-        try: probe_dispatch(model)
-        except Exception:
-            decompress(model); raise
     return model
 
 def decompress(model):

@@ -130,7 +130,9 @@ def generate_main(argv):
         res = orig_load(path, *a, **kw)
         if mx.default_device() == mx.cpu:  # float16 arithmetic is slow on MLX's CPU back-end
             res[0].set_dtype(mx.float32)
-        compress(res[0], config)
+        try: compress(res[0], config)  # the build-time refusal of a model veloxquant cannot serve, before any token
+        except ValueError as e:
+            print(f"veloxquant generate: error: {e}", file=sys.stderr); sys.exit(2)
         return res
     g.load = load
     rest = split_model_flag(rest)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_serve.ipynb #945fadf5
 from __future__ import annotations
-import argparse, json, logging, sys, threading, time
+import argparse, json, logging, os, sys, threading, time
 import mlx.core as mx
 from .core import KVCacheConfig, cache_report, method_ids, parse_method
 from .builder import compress
@@ -145,7 +145,10 @@ def serve_main(argv: list[str]) -> None:
         res = orig_load(path, *a, **kw)
         model = res[0]
         if mx.default_device() == mx.cpu: model.set_dtype(mx.float32)  # float16 arithmetic is slow on MLX's CPU back-end
-        compress(model, config)
+        try: compress(model, config)  # the build-time refusal of a model veloxquant cannot serve, before any token
+        except ValueError as e:
+            # mlx-lm loads the model in its generation thread, where an exception would leave a server that never answers
+            print(f"veloxquant serve: error: {e}", file=sys.stderr, flush=True); os._exit(2)
         logging.info(f"veloxquant: {path} compressed with {config}; caches have `merge`, so continuous batching stays on")
         return res
     srv.load = load
