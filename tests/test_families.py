@@ -1,0 +1,187 @@
+"""Every model file the installed mlx-lm ships, as a tiny random-weight model: veloxquant either serves it compressed
+or refuses it at build time (`KVCacheBuilder.for_model` raises "veloxquant cannot serve model family ..." before any
+cache exists) — nothing else: no silent corruption, no failure at the first token. The verdicts are committed in
+`nbs/families.json` and rendered in `nbs/07b_builder.ipynb`; `python tests/test_families.py` regenerates both.
+
+"Works compressed": `for_model` with affine 4/4 (group 32) returns caches, a 5-token prompt and 4 greedy decode steps
+run through them with finite logits, every layer holds a veloxquant cache that attends itself, and the build-time probe (exact fp16 reference
+caches vs the model's own, `veloxquant.builder.check_model`) passed. Families whose tiny model cannot be built from generic
+arguments here are listed in NOT_BUILT with the reason, so the list is explicit and cannot grow unnoticed."""
+import dataclasses, importlib, json, os, pkgutil, sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_architectures import BASE, EXTRA  # noqa: E402
+
+import veloxquant as vq  # noqa: E402
+
+ROOT = Path(__file__).parent.parent
+JSON = ROOT / "nbs" / "families.json"
+HELPERS = {"activations", "base", "bitlinear_layers", "cache", "gated_delta", "mla", "pipeline", "rope_utils", "ssm",
+           "switch_layers", "__init__"}
+TEXT = lambda t, **kw: dict(text_config=dict(BASE, model_type=t, **kw))  # noqa: E731
+SL = ["sliding_attention", "full_attention"]
+OVERRIDES = {
+    "gemma3": TEXT("gemma3_text"), "qwen2_vl": TEXT("qwen2"), "qwen3_vl": TEXT("qwen3"), "qwen3_vl_moe": TEXT("qwen3_moe"),
+    "pixtral": TEXT("llama"), "mistral3": dict(text_config=dict(BASE, model_type="ministral3", **EXTRA["ministral3"])),
+    "gptj": dict(n_embd=128, n_head=4, n_layer=2, rotary_dim=16, n_positions=512),
+    "phixtral": dict(num_vocab=100, model_dim=128, num_heads=4, num_layers=2, rotary_dim=16),
+    "plamo": dict(num_key_value_heads=4), "qwen": dict(intermediate_size=256, kv_channels=32),
+    "lfm2": dict(full_attn_idxs=[1], block_dim=128, block_ff_dim=128, block_multiple_of=32, block_ffn_dim_multiplier=1.0,
+                 block_auto_adjust_ff_dim=False, conv_bias=False, conv_L_cache=3),
+    "granitemoehybrid": dict(layer_types=["mamba", "attention"]),
+}
+NOT_BUILT = {}  # family -> why its tiny model cannot be built here (filled below from a committed list)
+
+
+def guess(name, typ):
+    "A small value for a required ModelArgs field the generic arguments lack."
+    n, t = name.lower(), str(typ).lower()
+    if "layer_types" in n: return ["full_attention"] * 2
+    if n.endswith("_config"): return dict(BASE)
+    if "shared_expert" in n or "first_k_dense" in n or "group" in n: return 1
+    if "num_layers" in n or n == "n_layers": return 2
+    if n in ("hidden_dim", "d_model", "dim", "n_embd", "embed_dim"): return 128
+    if "kv_heads" in n: return 2
+    if "heads" in n: return 4
+    if "experts" in n: return 4
+    if "window" in n: return 16
+    if "position" in n or n in ("n_ctx", "max_seq_len", "seq_length"): return 512
+    if "bool" in t or n.startswith(("use_", "is_")) or "bias" in n or "norm" in n: return False
+    if "float" in t: return 1.0
+    if "list" in t: return []
+    if "dict" in t: return {}
+    if "str" in t: return ""
+    return 2
+
+
+def families() -> list[str]:
+    "Every module of mlx_lm.models that defines a Model and its ModelArgs (helpers excluded)."
+    import mlx_lm.models as M
+    out = []
+    for i in pkgutil.iter_modules(M.__path__):
+        if i.name in HELPERS: continue
+        try: mod = importlib.import_module(f"mlx_lm.models.{i.name}")
+        except BaseException: out.append(i.name); continue  # e.g. olmo needs ai2-olmo: recorded as not built
+        if hasattr(mod, "Model") and hasattr(mod, "ModelArgs"): out.append(i.name)
+    return sorted(out)
+
+
+def build(family, max_params=40_000_000):
+    mod = importlib.import_module(f"mlx_lm.models.{family}")
+    d = dict(BASE, model_type=family, **EXTRA.get(family, {}), **OVERRIDES.get(family, {}))
+    if dataclasses.is_dataclass(mod.ModelArgs):
+        for f in dataclasses.fields(mod.ModelArgs):
+            if f.name not in d and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                d[f.name] = guess(f.name, f.type)
+    mx.random.seed(0)
+    model = mod.Model(mod.ModelArgs.from_dict(d))
+    n = sum(p.size for _, p in tree_flatten(model.parameters()))
+    if n > max_params: raise MemoryError(f"{n} parameters with the tiny arguments")
+    mx.eval(model.parameters())
+    own = make_prompt_cache(model)
+    logits = model(mx.array([[1, 2, 3, 4, 5]]), cache=own)  # the model itself runs with its own caches (else: not built)
+    for _ in range(4): logits = model(logits[:, -1:].argmax(-1), cache=own)
+    if not mx.isfinite(logits).all().item(): raise FloatingPointError("the model's own forward pass gives non-finite logits")
+    return model
+
+
+CFG = dict(method="affine", key_bits=4, value_bits=4, group_size=32, window=0)
+
+
+def verdict(model) -> str:
+    "'works compressed' or 'refused at build time'; any other outcome raises (the test fails)."
+    try:
+        caches = vq.KVCacheBuilder.for_model(model, vq.KVCacheConfig(**CFG))
+    except ValueError as e:
+        if str(e).startswith("veloxquant cannot serve model family"): return "refused at build time"
+        raise
+    logits = model(mx.array([[1, 2, 3, 4, 5]]), cache=caches)
+    for _ in range(4):
+        logits = model(logits[:, -1:].argmax(-1), cache=caches)
+    mx.eval(logits)
+    assert mx.isfinite(logits).all().item(), "non-finite logits through compressed caches"
+    assert all(type(c).__module__.startswith("veloxquant.") and getattr(c, "attends_itself", False) for c in caches), \
+        f"not every layer holds a compressed veloxquant cache: {sorted({type(c).__name__ for c in caches})}"
+    return "works compressed"
+
+
+def outcome(fam: str) -> str:
+    "The verdict of one family, 'not built: ...' when its tiny model cannot be built, 'FAILED: ...' otherwise."
+    try: model = build(fam)
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt): raise
+        return f"not built: {type(e).__name__}: {str(e)[:120]}"
+    try: return verdict(model)
+    except Exception as e: return f"FAILED: {type(e).__name__}: {str(e)[:160]}"
+
+
+def isolated(fam: str) -> str:
+    "`outcome(fam)` in a forked child (a few mlx-lm model files crash the interpreter with random tiny arguments)."
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try: res = outcome(fam)
+        except BaseException as e: res = f"FAILED: {type(e).__name__}: {e}"
+        os.write(w, res.encode()); os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f: res = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    return res or f"not built: the process died building or running it (wait status {status})"
+
+
+def survey(progress=False) -> dict:
+    "{family: verdict or 'not built: reason'} over every family."
+    out = {}
+    for fam in families():
+        out[fam] = isolated(fam)
+        if progress: print(fam, "|", out[fam], flush=True)
+    return out
+
+
+def committed() -> dict: return json.loads(JSON.read_text())["families"]
+
+
+@pytest.mark.parametrize("family", families())
+def test_family_verdict(family):
+    want = committed()
+    assert family in want, f"{family}: a model file of the installed mlx-lm missing from nbs/families.json (run python tests/test_families.py)"
+    got = isolated(family)
+    if want[family].startswith("not built"):
+        assert got.startswith("not built"), f"{family} now builds ({got!r}): record its verdict (python tests/test_families.py)"
+        pytest.skip(want[family])
+    assert got == want[family], f"{family}: {got!r}, committed {want[family]!r}"
+
+
+def test_committed_verdicts_are_only_the_two():
+    assert all(v in ("works compressed", "refused at build time") or v.startswith("not built") for v in committed().values())
+
+
+def table(results: dict) -> str:
+    rows = ["| family | verdict |", "|---|---|"] + [f"| `{k}` | {v} |" for k, v in sorted(results.items())]
+    n = {v: sum(1 for x in results.values() if x == v) for v in ("works compressed", "refused at build time")}
+    nb = sum(1 for x in results.values() if x.startswith("not built"))
+    return (f"{n['works compressed']} families work compressed, {n['refused at build time']} are refused at build time, "
+            f"{nb} could not be built as tiny random-weight models here (reason given).\n\n" + "\n".join(rows))
+
+
+if __name__ == "__main__":
+    import mlx_lm
+    if len(sys.argv) > 2 and sys.argv[1] == "--only":  # re-run some families, keep the other recorded verdicts
+        res = dict(committed(), **{f: isolated(f) for f in sys.argv[2].split(",")})
+    else: res = survey(progress=True)
+    bad = {k: v for k, v in res.items() if v.startswith("FAILED")}
+    JSON.write_text(json.dumps(dict(mlx_lm=mlx_lm.__version__, config=CFG, families=res), indent=1) + "\n")
+    nb_path = ROOT / "nbs" / "07b_builder.ipynb"
+    nb = json.loads(nb_path.read_text())
+    cell = next(c for c in nb["cells"] if c.get("id") == "f4a11e5b")
+    head = "".join(cell["source"]).split("<!-- table -->")[0]
+    cell["source"] = (head + "<!-- table -->\n" + table(res) + "\n").splitlines(keepends=True)
+    nb_path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    if bad: print("FAILED:", bad); sys.exit(1)
