@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 from mlx_lm.models.cache import KVCache, load_prompt_cache, save_prompt_cache, make_prompt_cache
 
 import veloxquant as vq
+from veloxquant.cache import seal_state
 from veloxquant.attention import blockwise_attention, dense_blocks, dispatch, install, uninstall
 from veloxquant.eval import prefill
 
@@ -219,14 +220,17 @@ def test_tampered_state_refused(tiny_model):
     caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("affine", key_bits=4, value_bits=4, window=0))  # window 0: every token coded
     feed(tiny_model, caches, list(range(20)), (20,))
     st_ = dict(caches[0].state)
+    with pytest.raises(ValueError, match="checksum does not match"):  # an edit without a recomputed checksum
+        type(caches[0]).from_state(dict(st_, window=5))
+    # behind the checksum, the structural checks (a forger who recomputes the checksum)
     bad = dict(st_, config=vq.KVCacheConfig("affine", key_bits=8, value_bits=4, window=0).to_json())
     with pytest.raises(ValueError, match="do not match method 'affine'"):
-        type(caches[0]).from_state(bad)
+        type(caches[0]).from_state(seal_state(bad))
     bad = dict(st_, config=vq.KVCacheConfig("fp16", reference=True).to_json())
     with pytest.raises(ValueError, match="do not match method 'fp16'"):
-        type(caches[0]).from_state(bad)
+        type(caches[0]).from_state(seal_state(bad))
     with pytest.raises(ValueError, match="window=5"):
-        type(caches[0]).from_state(dict(st_, window=5))
+        type(caches[0]).from_state(seal_state(dict(st_, window=5)))
 
 
 def test_empty_after_trim(tiny_model):

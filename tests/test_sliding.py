@@ -9,6 +9,7 @@ from mlx_lm.models.cache import ChunkedKVCache, RotatingKVCache, load_prompt_cac
 
 import veloxquant as vq
 from veloxquant.attention import dispatch, install
+from veloxquant.cache import seal_state
 from veloxquant.sliding import ChunkedVQCache, FP16RotatingCache, RotatingVQCache, chunked_cache, sliding_cache
 
 install()
@@ -89,14 +90,17 @@ def test_tampered_state_refused(tmp_path):
     run_steps(a, [20, 1])
     st = a.state
     st["start"] = st["start"] - 3
+    with pytest.raises(ValueError, match="checksum does not match"):  # an edit without a recomputed checksum
+        RotatingVQCache.from_state(dict(st))
+    seal_state(st)  # behind the checksum, the structural checks (a forger who recomputes the checksum)
     with pytest.raises(ValueError, match="corrupt cache state"):
         RotatingVQCache.from_state(st)
     c = chunked_cache(AFFINE, 8); run_steps(c, [10, 1])
-    st = c.state; st["offset"] += 1
+    st = c.state; st["offset"] += 1; seal_state(st)
     with pytest.raises(ValueError, match="corrupt cache state"):
         ChunkedVQCache.from_state(st)
     f = sliding_cache(vq.KVCacheConfig("fp16"), 16); run_steps(f, [5])
-    st = f.state; st["idx"] = 99
+    st = f.state; st["idx"] = 99; seal_state(st)
     with pytest.raises(ValueError, match="idx=99"):
         FP16RotatingCache.from_state(st)
 

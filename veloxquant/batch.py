@@ -10,7 +10,7 @@ import mlx_lm.models.cache as mlx_cache
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 from .core import KVCacheConfig
-from .cache import VQCache, TokenStore, block_tokens, register_cache_class, register_batch_merge
+from .cache import VQCache, TokenStore, block_tokens, register_cache_class, register_batch_merge, seal_state, state_checksum, verify_state
 from .attention import blockwise_attention
 from .methods.fp16 import FP16Cache
 
@@ -386,10 +386,11 @@ class VQBatchCache(VQCache):
         if self.k_exact is not None: st["k_exact"], st["v_exact"] = self.k_exact, self.v_exact
         if self.deferred is not None: st["k_deferred"], st["v_deferred"] = self.deferred
         if self._right_padding is not None: st["right_padding"] = self._right_padding
-        return st
+        return seal_state(st)
 
     @state.setter
     def state(self, st):
+        verify_state(st, type(self).__name__)
         config = KVCacheConfig.from_dict(json.loads(st["config"]))
         fresh = VQBatchCache(config)
         self.__dict__.update(fresh.__dict__)
@@ -449,12 +450,15 @@ class FP16BatchCache(BatchKVCache):
 
     @property
     def state(self):
-        return self.keys, self.values, self.offset, self.left_padding, self._idx, self.config.to_json()
+        "keys, values, offset [B], left_padding [B], `_idx`, config JSON and the `checksum` of the six (`state_checksum`)."
+        st = (self.keys, self.values, self.offset, self.left_padding, self._idx, self.config.to_json())
+        return (*st, state_checksum(st))
 
     @state.setter
     def state(self, v):
-        if len(v) != 6: raise ValueError(f"corrupt FP16BatchCache state: {len(v)} entries, expected 6")
-        self.keys, self.values, self.offset, self.left_padding, self._idx, cfg = v
+        if len(v) not in (6, 7): raise ValueError(f"corrupt FP16BatchCache state: {len(v)} entries, expected 7 (6 before checksums)")
+        verify_state(tuple(v), type(self).__name__)
+        self.keys, self.values, self.offset, self.left_padding, self._idx, cfg = v[:6]
         self.config = KVCacheConfig.from_dict(json.loads(cfg)); self._right_padding = None
 
     def is_trimmable(self): return True

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_cache.ipynb #d72bfb4c
 from __future__ import annotations
-import json
+import json, warnings, zlib
 import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm.models.cache as mlx_cache
@@ -14,8 +14,8 @@ from .attention import install, blockwise_attention, dense_blocks
 import veloxquant.gpu as gpu
 
 # %% auto #0
-__all__ = ['VQCache', 'Codec', 'TokenStore', 'block_tokens', 'register_batch_merge', 'register_cache_class', 'decode_plan',
-           'compiled_decode_attention']
+__all__ = ['VQCache', 'Codec', 'TokenStore', 'block_tokens', 'state_checksum', 'seal_state', 'verify_state',
+           'register_batch_merge', 'register_cache_class', 'decode_plan', 'compiled_decode_attention']
 
 # %% ../nbs/01_cache.ipynb #b0bac49e
 class Codec:
@@ -77,6 +77,69 @@ class TokenStore:
 def block_tokens(n_queries: int, n_heads: int, budget: int = 1 << 22) -> int:
     "Tokens per history block for `n_queries` queries of `n_heads` heads: `budget` scores, clamped to [256, 8192]."
     return max(256, min(8192, budget // max(1, n_queries * n_heads)))
+
+# %% ../nbs/01_cache.ipynb #c5a1e0d2
+_CHECK = "checksum"
+
+def _bits(a: mx.array) -> mx.array:
+    "The raw bits of `a` as a flat uint32 vector (2- and 1-byte types widened, 8-byte types split)."
+    if a.dtype == mx.bool_: return a.astype(mx.uint32).reshape(-1)
+    size = a.dtype.size
+    if size == 2: return a.view(mx.uint16).astype(mx.uint32).reshape(-1)
+    if size == 1: return a.view(mx.uint8).astype(mx.uint32).reshape(-1)
+    return a.view(mx.uint32).reshape(-1)
+
+def _array_sum(a: mx.array) -> mx.array:
+    "A position-weighted sum of the bits of `a` (uint32, wraps mod 2**32): any single changed element changes it."
+    x = _bits(a)
+    w = (mx.arange(x.size, dtype=mx.uint32) * mx.array(2654435761, mx.uint32) + mx.array(0x9E3779B9, mx.uint32)) | mx.array(1, mx.uint32)
+    return (x * w + (x >> 16)).sum()
+
+def _scalar_text(v) -> str:
+    if isinstance(v, bool) or isinstance(v, int): return f"i{int(v)}"
+    if isinstance(v, float): return f"f{float(mx.array(v, mx.float32).item())!r}"  # saved as float32 by mlx-lm
+    if v is None: return "n"
+    if isinstance(v, str): return "s" + v
+    raise ValueError(f"cache state holds a {type(v).__name__}; allowed: arrays, int, float, bool, str, None and dicts of them")
+
+def state_checksum(st) -> mx.array:
+    """The checksum of a cache state (a dict, or a tuple/list as positions "0", "1", ...): `uint32` [n_arrays + 1],
+    one `_array_sum` per array in key order, then the CRC-32 of every key, scalar, dtype and shape. A nested dict
+    with a `checksum` (the state of an inner cache, checked by that cache's setter) contributes that entry; any other
+    nested dict (a codec's arrays) its entries as `name.key`. The `checksum` entry itself is left out."""
+    items = sorted(st.items()) if isinstance(st, dict) else [(str(i), v) for i, v in enumerate(st)]
+    sums, text = [], []
+    while items:
+        k, v = items.pop(0)
+        if k == _CHECK: continue
+        if isinstance(v, dict):
+            if _CHECK in v: v = v[_CHECK]
+            else: items[:0] = [(f"{k}.{n}", x) for n, x in sorted(v.items())]; continue
+        if isinstance(v, mx.array):
+            sums.append(_array_sum(v)); text.append(f"{k}:{v.dtype}:{tuple(v.shape)}")
+        else: text.append(f"{k}={_scalar_text(v)}")
+    crc = mx.array(zlib.crc32("|".join(text).encode()), mx.uint32)
+    return mx.stack(sums + [crc]) if sums else crc.reshape(1)
+
+def seal_state(st: dict) -> dict:
+    "`st` with its `checksum` entry (re)computed; returns `st`."
+    st.pop(_CHECK, None); st[_CHECK] = state_checksum(st)
+    return st
+
+def verify_state(st, owner: str) -> None:
+    """Refuse (`ValueError` naming `owner`) a state whose `checksum` does not match its arrays and scalars; warn
+    (`UserWarning`, loaded without integrity check) when it has none (saved before checksums existed)."""
+    got = st.get(_CHECK) if isinstance(st, dict) else (st[-1] if len(st) and isinstance(st[-1], mx.array) and st[-1].dtype == mx.uint32 else None)
+    if got is None:
+        warnings.warn(f"{owner}: this saved cache state has no checksum (written before veloxquant saved one); it is "
+                      "loaded with the structural checks only", UserWarning, stacklevel=3)
+        return
+    body = st if isinstance(st, dict) else st[:-1]
+    want = state_checksum(body)
+    if got.shape != want.shape or not mx.array_equal(got, want).item():
+        raise ValueError(f"corrupt cache state for {owner}: the stored checksum does not match the stored arrays and "
+                         "scalars (the file was edited or damaged); refused")
+
 
 # %% ../nbs/01_cache.ipynb #4e695b01
 class VQCache(_BaseCache):
@@ -345,7 +408,7 @@ class VQCache(_BaseCache):
 
     @property
     def state(self):
-        "Arrays and plain scalars: config JSON, offset, window, head dims, codes (valid part only), fp16 window and sinks."
+        "Arrays and plain scalars: config JSON, offset, window, head dims, codes (valid part only), fp16 window and sinks, and the `checksum` of all of them (`seal_state`)."
         if self.pending is not None: self._flush()
         st = {"config": self.config.to_json(), "offset": self.offset, "window": self.window,
               "dims": json.dumps(self.dims)}
@@ -353,10 +416,11 @@ class VQCache(_BaseCache):
             st["k"] = self.k_store.slice(0, self.k_store.length); st["v"] = self.v_store.slice(0, self.v_store.length)
         if self.k_exact is not None: st["k_exact"], st["v_exact"] = self.k_exact, self.v_exact
         if self.k_sink is not None: st["k_sink"], st["v_sink"] = self.k_sink, self.v_sink
-        return st
+        return seal_state(st)
 
     @state.setter
     def state(self, st):
+        verify_state(st, type(self).__name__)
         config = KVCacheConfig.from_dict(json.loads(st["config"]))
         fresh = config.make_cache()
         if type(fresh) is not type(self):

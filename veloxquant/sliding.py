@@ -10,7 +10,7 @@ import mlx_lm.models.cache as mlx_cache
 from mlx_lm.models.cache import KVCache, RotatingKVCache, ChunkedKVCache
 from mlx_lm.models.base import create_causal_mask
 from .core import KVCacheConfig, check_int
-from .cache import VQCache, register_cache_class
+from .cache import VQCache, register_cache_class, seal_state, verify_state
 
 # %% auto #0
 __all__ = ['drop_tokens', 'RotatingVQCache', 'ChunkedVQCache', 'FP16RotatingCache', 'sliding_cache', 'chunked_cache',
@@ -179,11 +179,12 @@ class RotatingVQCache(_Wrapped):
     def state(self):
         "Plain scalars and arrays: window parameters, offset, start and the inner method cache's state."
         if self.inner.pending is not None: self.inner._flush()
-        return {"max_size": self.max_size, "keep": self.keep, "offset": self.offset, "start": self.start,
-                "inner": self.inner.state}
+        return seal_state({"max_size": self.max_size, "keep": self.keep, "offset": self.offset, "start": self.start,
+                           "inner": self.inner.state})
 
     @state.setter
     def state(self, st):
+        verify_state(st, type(self).__name__)
         for f in ("max_size", "keep", "offset", "start", "inner"):
             if f not in st: raise ValueError(f"corrupt cache state: no {f!r}")
         self.max_size, self.keep = int(st["max_size"]), int(st["keep"])
@@ -235,11 +236,12 @@ class ChunkedVQCache(_Wrapped):
     @property
     def state(self):
         if self.inner.pending is not None: self.inner._flush()
-        return {"chunk_size": self.chunk_size, "offset": self.offset, "start_position": self.start_position,
-                "inner": self.inner.state}
+        return seal_state({"chunk_size": self.chunk_size, "offset": self.offset, "start_position": self.start_position,
+                           "inner": self.inner.state})
 
     @state.setter
     def state(self, st):
+        verify_state(st, type(self).__name__)
         for f in ("chunk_size", "offset", "start_position", "inner"):
             if f not in st: raise ValueError(f"corrupt cache state: no {f!r}")
         self.chunk_size, self.offset, self.start_position = int(st["chunk_size"]), int(st["offset"]), int(st["start_position"])
@@ -295,10 +297,11 @@ class FP16RotatingCache(VQCache):
         st = {"config": self.config.to_json(), "offset": self.ring.offset, "keep": self.ring.keep,
               "max_size": self.ring.max_size, "idx": self.ring._idx}
         if self.ring.keys is not None: st["keys"], st["values"] = self.ring.keys, self.ring.values
-        return st
+        return seal_state(st)
 
     @state.setter
     def state(self, st):
+        verify_state(st, type(self).__name__)
         for f in ("config", "offset", "keep", "max_size", "idx"):
             if f not in st: raise ValueError(f"corrupt cache state: no {f!r}")
         self.config = KVCacheConfig.from_dict(json.loads(st["config"]))

@@ -9,7 +9,7 @@ import numpy as np
 from dataclasses import dataclass
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int, check_bool
-from ..cache import Codec, VQCache, register_cache_class
+from ..cache import Codec, VQCache, register_cache_class, seal_state
 from ..quant import rotation, codebook, pack_bits, unpack_bits, packed_words, ROTATIONS
 import veloxquant.gpu as gpu
 from veloxquant.gpu import (
@@ -212,7 +212,7 @@ class TurboQuantCache(VQCache):
         for side in ("k", "v"):
             cd = getattr(self, f"{side}_codec")
             if cd is not None and cd.mu is not None: st[f"{side}_mu"] = cd.mu
-        return st
+        return seal_state(st)  # the checksum covers the means too
 
     @state.setter
     def state(self, st):

@@ -1,0 +1,70 @@
+"""Saved caches carry a checksum in each layer's own state: a file whose stored values were edited is refused by
+`load_prompt_cache`, an untouched one loads, and a file written before checksums (no `checksum` entry) loads with a
+warning. Covers VQCache (affine, turboquant with its means), the sliding-window and chunked caches and both batch caches."""
+import warnings
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+import veloxquant as vq
+from veloxquant.batch import merge_caches
+from veloxquant.sliding import sliding_cache, chunked_cache
+
+K = mx.random.normal((1, 2, 40, 32), key=mx.random.key(1)); V = mx.random.normal((1, 2, 40, 32), key=mx.random.key(2))
+AFF = vq.KVCacheConfig("affine", key_bits=4, value_bits=4, group_size=32, window=4)
+
+
+def filled(c, n=40):
+    "A 24-token prefill, then one-token decode steps up to `n` tokens (so codes, not only the fp16 window, are stored)."
+    c.update_and_fetch(K[:, :, :24], V[:, :, :24])
+    for i in range(24, n): c.update_and_fetch(K[:, :, i:i + 1], V[:, :, i:i + 1])
+    mx.eval(c.state); return c
+
+
+def batch(cfg):
+    a, b = filled(cfg.make_cache(), 40), filled(cfg.make_cache(), 20)
+    return merge_caches([a, b])
+
+
+CASES = {
+    "affine": lambda: filled(AFF.make_cache()),
+    "turboquant": lambda: filled(vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, center=True, window=4).make_cache()),
+    "rotating": lambda: filled(sliding_cache(AFF, 16, 0)),
+    "chunked": lambda: filled(chunked_cache(AFF, 8)),
+    "fp16_rotating": lambda: filled(sliding_cache(vq.KVCacheConfig("fp16"), 16, 0)),
+    "batch": lambda: batch(AFF),
+    "fp16_batch": lambda: batch(vq.KVCacheConfig("fp16")),
+}
+
+
+def arrays_of(path):
+    return mx.load(str(path), return_metadata=True)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_checksum(name, tmp_path):
+    c = CASES[name]()
+    path = tmp_path / "c.safetensors"
+    save_prompt_cache(str(path), [c])
+    arrays, meta = arrays_of(path)
+    assert any("checksum" in k for k in arrays) or name == "fp16_batch", sorted(arrays)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an untouched file: no warning
+        (d,) = load_prompt_cache(str(path))
+    assert type(d) is type(c) and mx.array_equal(mx.array(d.offset), mx.array(c.offset)).item()
+    # one stored value edited: in every code array (packed codes, scales) and in the fp16 window / fp16 keys
+    data = [k for k, v in arrays.items() if v.ndim >= 3 and "checksum" not in k]
+    assert name.startswith("fp16") or any(not mx.issubdtype(arrays[k].dtype, mx.floating) for k in data), f"no codes stored: {data}"
+    for key in data:
+        a = arrays[key]; flat = a.reshape(-1)
+        edited = dict(arrays, **{key: (flat.at[flat.size // 2].add(1)).reshape(a.shape)})
+        bad = tmp_path / "bad.safetensors"; mx.save_safetensors(str(bad), edited, meta)
+        with pytest.raises(ValueError, match="checksum does not match"):
+            load_prompt_cache(str(bad))
+    # a file of the format before checksums: every checksum entry removed (the tuple state's is its last entry)
+    old = {k: v for k, v in arrays.items() if "checksum" not in k and not (name == "fp16_batch" and k == "0.6")}
+    oldp = tmp_path / "old.safetensors"; mx.save_safetensors(str(oldp), old, meta)
+    with pytest.warns(UserWarning, match="no checksum"):
+        (o,) = load_prompt_cache(str(oldp))
+    assert type(o) is type(c)
