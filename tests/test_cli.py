@@ -37,6 +37,38 @@ def test_generate_with_method():
     assert "Paris" in r.stdout
 
 
+def test_generate_help_is_veloxquants():
+    "`veloxquant generate --help`: veloxquant's default model, --method, and mlx-lm's KV flags hidden and named as refused."
+    r = run("generate", "--help")
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert "usage: veloxquant generate" in text and "SmolLM2-135M-Instruct" in text and "--method" in text
+    assert "Llama-3.2" not in text and "If no model is specified" not in text
+    options, _, epilog = text.partition("Refused")
+    for flag in ("--kv-bits", "--kv-group-size", "--quantized-kv-start", "--max-kv-size"):
+        assert flag not in options and flag in epilog
+
+
+def test_generate_refuses_an_unservable_model(tmp_path):
+    "A model family veloxquant cannot serve: a clear error and exit status 2 before any token (no traceback)."
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import gemma2
+    cfg = dict(model_type="gemma2", hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2,
+               head_dim=32, rms_norm_eps=1e-5, vocab_size=300, num_key_value_heads=1)
+    model = gemma2.Model(gemma2.ModelArgs(**cfg))
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    from veloxquant.models import default_model_path
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        src = default_model_path() / f
+        if src.exists(): (tmp_path / f).write_text(src.read_text())
+    r = run("generate", "--model", str(tmp_path), "--prompt", "hello", "--max-tokens", "4")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "veloxquant generate: error: veloxquant cannot serve model family 'mlx_lm.models.gemma2'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_parse_method_values():
     assert parse_method("fp16:reference=true").options.reference is True
     with pytest.raises(ValueError, match="unknown option"):

