@@ -4,17 +4,17 @@
 
 # %% ../nbs/03b_gpu.ipynb #62f6b210
 from __future__ import annotations
-import struct, subprocess, tempfile
+import contextlib, struct, subprocess, tempfile, warnings
 from functools import lru_cache
 from pathlib import Path
 import mlx.core as mx
 
 # %% auto #0
-__all__ = ['COMPAT_METAL', 'PROLOGUE_METAL', 'COMPAT_CUDA', 'VQ_MMA_EMUL', 'PROLOGUE_CUDA', 'DECODE_PARTIAL_OUTPUTS',
+__all__ = ['COMPAT_METAL', 'PROLOGUE_METAL', 'COMPAT_CUDA', 'VQ_MMA_EMUL', 'PROLOGUE_CUDA', 'FAILED', 'DECODE_PARTIAL_OUTPUTS',
            'DECODE_WARPS', 'MERGE_WARPS', 'DECODE_TARGET_GROUPS', 'MMA_WARPS', 'MMA_TARGET_GROUPS', 'MMA_TOKENS',
-           'KERNELS', 'DECODE_MERGE_BODY', 'DECODE_MERGE_INPUTS', 'DECODE_MERGE_CU_TYPES', 'backend', 'decode_split',
-           'cuda_source', 'metal_source', 'register_kernel', 'all_kernels', 'kernel_files', 'write_kernel_files',
-           'nvcc_check', 'nvcc_check_all']
+           'KERNELS', 'DECODE_MERGE_BODY', 'DECODE_MERGE_INPUTS', 'DECODE_MERGE_CU_TYPES', 'backend', 'KernelFailed',
+           'inject_failure', 'GuardedKernel', 'kernel_failed', 'decode_split', 'cuda_source', 'metal_source',
+           'register_kernel', 'all_kernels', 'kernel_files', 'write_kernel_files', 'nvcc_check', 'nvcc_check_all']
 
 # %% ../nbs/03b_gpu.ipynb #09d336b4
 COMPAT_METAL = r"""
@@ -157,13 +157,66 @@ def backend() -> str | None:
     if hasattr(mx, "cuda") and mx.cuda.is_available(): return "cuda"
     return None
 
+class KernelFailed(RuntimeError):
+    "A GPU kernel failed to compile or launch (`kernel`: its name, `error`: what MLX reported); callers fall back to the reference path."
+    def __init__(self, kernel: str, error: str):
+        super().__init__(f"GPU kernel {kernel} failed to compile or launch: {error}"); self.kernel, self.error = kernel, error
+
+FAILED: dict[str, str] = {}  # kernel name -> the error of its failed probe (the kernel is not launched again in this process)
+_VERIFIED: set = set()       # shape classes whose probe ran
+_INJECT: dict[str, Exception] = {}
+
+@contextlib.contextmanager
+def inject_failure(name: str, error: Exception | None = None):
+    """Testing: make the probe of kernel `name` raise `error` (default: a RuntimeError naming it), as a kernel that fails
+    to compile or launch does; forgets earlier probes and failures of `name` on entry and on exit."""
+    def forget():
+        FAILED.pop(name, None)
+        for key in [k for k in _VERIFIED if k[0] == name]: _VERIFIED.discard(key)
+    forget(); _INJECT[name] = error or RuntimeError(f"injected failure of {name}")
+    try: yield
+    finally: _INJECT.pop(name, None); forget()
+
+def _shape_class(name: str, kw: dict) -> tuple:
+    "What a kernel is compiled for: its name, template, threadgroup, output dtypes and the inputs' dtypes and ranks."
+    return (name, tuple(kw.get("template") or ()), tuple(kw.get("threadgroup") or ()), tuple(str(d) for d in kw.get("output_dtypes") or ()),
+            tuple((str(a.dtype), a.ndim) for a in kw.get("inputs") or ()))
+
+def _fail(name: str, e: Exception):
+    FAILED[name] = f"{type(e).__name__}: {str(e)[:500]}"
+    warnings.warn(f"veloxquant: GPU kernel {name} failed to compile or launch ({FAILED[name]}); the methods using it fall back "
+                  "to their MLX reference path in this process", RuntimeWarning, stacklevel=3)
+    raise KernelFailed(name, FAILED[name]) from e
+
+class GuardedKernel:
+    """A kernel of `mx.fast.metal_kernel` / `mx.fast.cuda_kernel` behind the safety net. MLX compiles and launches a custom
+    kernel when the graph is evaluated (asynchronously inside `generate_step`), where a try/except around the call sees
+    nothing; so the first launch of every shape class (`_shape_class`: template, threadgroup, dtypes, ranks) is evaluated
+    eagerly, on the caller's inputs, inside a try. A failure to build, compile or launch warns once (`RuntimeWarning`
+    naming the kernel and the error), is recorded in `FAILED`, and raises `KernelFailed`, which the cache and the codecs
+    catch to take their reference path; every later call of that kernel raises `KernelFailed` at once."""
+    def __init__(self, name: str, build): self.name, self._build, self._kern = name, build, None
+    def __call__(self, **kw):
+        if self.name in FAILED: raise KernelFailed(self.name, FAILED[self.name])
+        key = _shape_class(self.name, kw)
+        if key in _VERIFIED: return self._kern(**kw)
+        try:
+            if self.name in _INJECT: raise _INJECT[self.name]
+            if self._kern is None: self._kern = self._build()
+            out = self._kern(**kw); mx.eval(out)
+        except Exception as e: _fail(self.name, e)
+        _VERIFIED.add(key)
+        return out
+
+def kernel_failed(name: str) -> bool: return name in FAILED
+
 @lru_cache(maxsize=None)
-def _kernel(name: str, body: str, inputs: tuple, outputs: tuple, be: str):
+def _kernel(name: str, body: str, inputs: tuple, outputs: tuple, be: str) -> GuardedKernel:
     if be == "metal":
-        return mx.fast.metal_kernel(name=name, input_names=list(inputs), output_names=list(outputs),
-                                    source=PROLOGUE_METAL + body, header=COMPAT_METAL)
-    return mx.fast.cuda_kernel(name=name, input_names=list(inputs), output_names=list(outputs),
-                               source=PROLOGUE_CUDA + body, header=COMPAT_CUDA)
+        return GuardedKernel(name, lambda: mx.fast.metal_kernel(name=name, input_names=list(inputs), output_names=list(outputs),
+                                                                source=PROLOGUE_METAL + body, header=COMPAT_METAL))
+    return GuardedKernel(name, lambda: mx.fast.cuda_kernel(name=name, input_names=list(inputs), output_names=list(outputs),
+                                                           source=PROLOGUE_CUDA + body, header=COMPAT_CUDA))
 
 def _float_bits(x: float) -> int:
     "The bits of float32 `x` as a signed int32 (to pass a float through the int32 `params` array)."

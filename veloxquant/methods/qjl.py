@@ -93,7 +93,7 @@ class QJLKeyCodec(Codec):
     def kernel_applies(self, q) -> bool:
         "True when `scores(q, ·)` runs the GPU kernel: `use_kernels`, a GPU back-end, m a multiple of 128, rep·L ≤ 8 rows."
         return (self.use_kernels and gpu.backend() is not None and sign_scores_supported(self.m)
-                and q.shape[2] * q.shape[3] <= QJL_KERNEL_MAX_ROWS)
+                and q.shape[2] * q.shape[3] <= QJL_KERNEL_MAX_ROWS and not gpu.kernel_failed("vq_sign_scores"))
 
     def kernel_scores(self, q, blk, fn=None) -> mx.array:
         """Scores [B, Hkv, rep, L, t] through a sign-score function of this module (`fn`:
@@ -111,7 +111,9 @@ class QJLKeyCodec(Codec):
         return out.reshape(B, H, rep, L, t)
 
     def scores(self, q, blk):
-        if self.kernel_applies(q): return self.kernel_scores(q, blk)
+        if self.kernel_applies(q):
+            try: return self.kernel_scores(q, blk)
+            except gpu.KernelFailed: pass  # the safety net warned once: the reference scores below
         qs = self._project(q)                                        # [B, Hkv, rep, L, m]
         z = mx.expand_dims(self.signs(blk), 2)                       # [B, Hkv, 1, t, m]
         nk = blk["norm"].astype(mx.float32)[:, :, None, None, :, 0]  # [B, Hkv, 1, 1, t]
