@@ -140,6 +140,75 @@ def test_reference_files_are_consistent():
         if s is not None: assert s.shape == (L, H, len(ids))
 
 
+def _pyramid_budgets(n: int, ratio: float, window: int, beta: float, n_layers: int) -> list[int]:
+    "PyramidKV's per-layer token budgets as kvpress 0.5.5 computes them (README: pyramidkv), window included."
+    c = window + n * (1 - ratio)
+    lo = (c - window) / beta; hi = 2 * (c - window) - lo
+    if hi >= n - window: hi = n - window; lo = 2 * (c - window) - hi
+    if not n >= hi >= lo >= window: return [max(1, round(n * (1 - ratio)))] * n_layers
+    return [round(hi - l * (hi - lo) / (n_layers - 1)) for l in range(n_layers)]
+
+
+def _rule_kept(method: str, ref: dict, run: dict, scores: np.ndarray | None) -> dict:
+    """The kept sets the README's rule gives from the stored scores (or positions): {(layer, head): set}. Ties are
+    broken by position; the caller accepts a difference only on tokens tied with the boundary."""
+    L, H, n = ref["model"]["n_layers"], ref["model"]["n_kv_heads"], ref["prompt"]["n_tokens"]
+    r = run["compression_ratio"]; k = max(1, int(n * (1 - r)))
+    top = lambda row, m: set(np.argsort(-row, kind="stable")[:m].tolist())
+    if method == "streaming_llm":
+        s = ref["params"]["n_sink"]
+        return {(l, h): set(range(s)) | set(range(s + n - k, n)) for l in range(L) for h in range(H)}
+    if method in ("snapkv", "tova", "knorm", "curdkv", "h2o"):
+        return {(l, h): top(scores[l, h], k) for l in range(L) for h in range(H)}
+    if method == "pyramidkv":
+        p = ref["params"]
+        b = _pyramid_budgets(n, r, p["window_size"], p["beta"], L)
+        return {(l, h): top(scores[l, h], b[l]) for l in range(L) for h in range(H)}
+    if method == "adakv":
+        n_safe = max(1, int(k * ref["params"]["alpha_safeguard"]))
+        out = {}
+        for l in range(L):
+            pool = scores[l].copy()
+            for h in range(H): pool[h, list(top(scores[l, h], n_safe))] = np.inf
+            keep = top(pool.reshape(-1), H * k)
+            out.update({(l, h): {i % n for i in keep if i // n == h} for h in range(H)})
+        return out
+    if method == "kvzip":
+        s = scores.copy(); s[..., :ref["params"]["n_sink"]] = s.max() + 1
+        keep = top(s.reshape(-1), s.size - int(s.size * r))
+        return {(l, h): {i % n for i in keep if i // n == l * H + h} for l in range(L) for h in range(H)}
+    if method == "chunkkv":
+        c = ref["params"]["chunk_length"]; n_chunks = -(-n // c)
+        out = {}
+        for l in range(L):
+            tok = scores[l].sum(0)
+            cs = np.array([tok[i * c:(i + 1) * c].mean() for i in range(n_chunks)])
+            keep = set().union(*(set(range(i * c, min(n, (i + 1) * c))) for i in top(cs, max(1, int(n_chunks * (1 - r))))))
+            out.update({(l, h): keep for h in range(H)})
+        return out
+    raise KeyError(method)
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "cam"])
+def test_readme_rules_reproduce_kvpress(method):
+    """The selection rule written in tests/kvpress_reference/README.md, applied to kvpress's own stored scores, gives
+    exactly the tokens kvpress kept (up to exact ties at the boundary): the README describes what kvpress did."""
+    ref = load_reference(method)
+    if ref is None: pytest.skip(f"no kvpress reference for {method}")
+    scores = reference_scores(method)
+    for run in ref["runs"]:
+        theirs = reference_kept(ref, run)
+        rule = _rule_kept(method, ref, run, scores)
+        for key, ks in theirs.items():
+            diff = rule[key] ^ set(ks)
+            if not diff: continue
+            assert scores is not None, (method, run["compression_ratio"], key, sorted(diff))
+            row = scores[key]                      # per-head rules: a tie with the head's lowest kept score
+            edge = row[sorted(ks)].min()
+            assert method in TOPK_PER_HEAD and all(row[j] == edge for j in diff), \
+                (method, run["compression_ratio"], key, sorted(diff)[:8])
+
+
 @pytest.mark.kvpress
 @pytest.mark.parametrize("ratio", RATIOS)
 @pytest.mark.parametrize("method", METHODS)
