@@ -234,7 +234,10 @@ def run_press(model, method: str, ratio: float, ids: torch.Tensor) -> dict:
     if method in SCORED:
         sc = rec.kvzip_scores if isinstance(press, KVzipPress) else torch.stack([rec.scores[l] for l in range(n_layers)])
         scores = sc.to(torch.float32).numpy()                       # (n_layers, n_kv_heads, n_tokens)
-    return {"params": press_params(press), "attn_implementation": attn_impl, "run": run, "scores": scores}
+    params = press_params(press)
+    if isinstance(press, KVzipPress):   # not a dataclass field: set by this script (README, kvzip)
+        params["prefix_length"] = 0
+    return {"params": params, "attn_implementation": attn_impl, "run": run, "scores": scores}
 
 
 # ---------------------------------------------------------------- main
@@ -285,7 +288,7 @@ def main(argv=None):
     from importlib.metadata import version
     env["kvpress"] = version("kvpress")
     sha = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
-    for method in a.press.split(","):
+    for method in filter(None, a.press.split(",")):
         runs, params, scores = [], [], None
         for ratio in (float(r) for r in a.ratios.split(",")):
             r = run_press(model, method, ratio, x)
