@@ -265,7 +265,9 @@ def main(argv=None):
     ap.add_argument("--ratios", default=",".join(map(str, RATIOS)))
     ap.add_argument("--check-logits", default=None, help="mlx-lm logits (.npy from scripts/kvpress_prompt.py)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cam-seed", type=int, default=CAM_SEED, help="torch seed of CAM's Bernoulli merges")
     a = ap.parse_args(argv)
+    globals()["CAM_SEED"] = a.cam_seed
     torch.set_num_threads(a.threads)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

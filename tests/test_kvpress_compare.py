@@ -21,6 +21,7 @@ A difference is accepted only where it has an explanation the test can check:
   the shape of the selection is checked (counts, one set per layer); the overlap is reported.
 """
 import base64
+import hashlib
 import json
 from pathlib import Path
 
@@ -126,6 +127,7 @@ def test_reference_files_are_consistent():
     for m in found:
         ref = load_reference(m)
         assert ref["prompt"]["n_tokens"] == len(ids) and ref["env"]["kvpress"] == "0.5.5"
+        assert ref["prompt"]["sha256_of_json_ids"] == hashlib.sha256(json.dumps(ids).encode()).hexdigest(), m
         L, H = ref["model"]["n_layers"], ref["model"]["n_kv_heads"]
         for run in ref["runs"]:
             kept = reference_kept(ref, run)
@@ -233,9 +235,19 @@ def test_kept_tokens_match_kvpress(method, ratio):
         overlap = np.mean([len(set(ours[k]) & set(theirs[k])) / len(theirs[k]) for k in theirs])
         print(f"cam ratio {ratio}: mean overlap with kvpress {overlap:.3f} (random merges differ: not asserted)")
         return
+    L, H = ref["model"]["n_layers"], ref["model"]["n_kv_heads"]
+    count = lambda kept, l, h: len(kept[l, h])
+    if method == "kvzip":      # budget pooled over all layers and heads
+        assert sum(map(len, ours.values())) == sum(map(len, theirs.values())), "kvzip: total kept differs"
+    elif method == "adakv":    # budget pooled over the heads of a layer
+        assert [sum(count(ours, l, h) for h in range(H)) for l in range(L)] == \
+            [sum(count(theirs, l, h) for h in range(H)) for l in range(L)], "adakv: kept per layer differs"
+    else:
+        assert [[count(ours, l, h) for h in range(H)] for l in range(L)] == run["kept_counts"], \
+            f"{method} at ratio {ratio}: kept counts per (layer, head) differ"
     scores = reference_scores(method)
     assert scores is not None, f"{method}: no kvpress scores to explain differences with"
-    L, H, n = scores.shape
+    n = scores.shape[-1]
     bad = {}
     if method in TOPK_PER_HEAD:
         for (l, h) in differing:
