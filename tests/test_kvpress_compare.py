@@ -17,8 +17,10 @@ A difference is accepted only where it has an explanation the test can check:
 - adakv (top-k pooled over the heads of a layer, after a per-head safeguard) and kvzip (pooled over all layers and
   heads): the same, with the boundary of the pool;
 - streaming_llm and chunkkv select by position / by chunk: exact equality;
-- cam merges by Bernoulli draws (torch's generator in kvpress, MLX's in veloxquant), which change later scores, so only
-  the shape of the selection is checked (counts, one set per layer); the overlap is reported.
+- cam merges by Bernoulli draws (torch's generator in kvpress, MLX's in veloxquant), which change the values and so
+  the later layers' scores: layer 0 (whose scores come from the embeddings alone) must match exactly, the other
+  layers only in shape (counts, one set per layer); their overlap is reported (kvpress itself, seed 0 against seed 1
+  at ratio 0.25, differs by 0-3 of 384 tokens per layer).
 """
 import base64
 import hashlib
@@ -232,8 +234,12 @@ def test_kept_tokens_match_kvpress(method, ratio):
         assert [[len(ours[l, h]) for h in range(ref["model"]["n_kv_heads"])] for l in range(ref["model"]["n_layers"])] \
             == run["kept_counts"], "cam: kept counts differ"
         assert all(ours[l, 0] == ours[l, h] for (l, h) in ours), "cam keeps one set per layer (heads share it)"
+        # layer 0 selects on queries and keys of the embeddings alone, which no merge changes: seed-independent
+        assert set(ours[0, 0]) == set(theirs[0, 0]), (
+            f"cam at ratio {ratio}: layer 0 (independent of the random merges) differs: "
+            f"{sorted(set(ours[0, 0]) ^ set(theirs[0, 0]))[:10]} (a near-tie at one of the steps would also do this)")
         overlap = np.mean([len(set(ours[k]) & set(theirs[k])) / len(theirs[k]) for k in theirs])
-        print(f"cam ratio {ratio}: mean overlap with kvpress {overlap:.3f} (random merges differ: not asserted)")
+        print(f"cam ratio {ratio}: mean overlap with kvpress {overlap:.3f} (layers 1-29 not asserted: random merges)")
         return
     L, H = ref["model"]["n_layers"], ref["model"]["n_kv_heads"]
     count = lambda kept, l, h: len(kept[l, h])
