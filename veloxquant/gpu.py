@@ -246,9 +246,16 @@ def _const_zeros():
 def _length_buffer(size: int):
     z = mx.zeros((size,), mx.uint8); mx.eval(z); return z
 
+_NREFS: dict = {}
+
 def _nref(n: int) -> mx.array:
-    "An array of shape [n] whose contents are never read: a prefix view of a cached buffer (no host upload, no copy)."
-    return _length_buffer(1 << max(10, (n - 1).bit_length()))[:n]
+    """An array of shape [n] whose contents are never read: a prefix view of a cached buffer (no host upload, no copy).
+    The views are kept (up to 1024 lengths): once a step has evaluated one, later steps reuse it as a leaf, no graph node."""
+    a = _NREFS.get(n)
+    if a is None:
+        if len(_NREFS) >= 1024: _NREFS.clear()
+        a = _NREFS[n] = _length_buffer(1 << max(10, (n - 1).bit_length()))[:n]
+    return a
 
 def _check_step(queries, keys, values, n: int, k: dict, code: str):
     "Shapes of a decode step: queries [B, Hq, 1, D], exact keys/values [B, Hkv, E, D] with Hkv | Hq, 1 ≤ n ≤ capacity of `k[code]`."
@@ -339,25 +346,27 @@ def nvcc_check_all(arch: str = "sm_90") -> list[str]:
 
 # %% ../nbs/03b_gpu.ipynb #83f2d776
 DECODE_MERGE_BODY = r"""
-// pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, E, D];
-// sinks: [ROWS] float32 (read only when HS); template SCALE as the decode kernels. out: [ROWS, D] in OT.
-// One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
+// pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, ECAP, D], of which
+// the first E = eref_shape[0] tokens are read (a preallocated window buffer: ECAP >= E); sinks: [ROWS] float32 (read
+// only when HS); template SCALE as the decode kernels. ROT = 1: the chunk partials are in a rotated domain (acc = p·(v R)),
+// the exact keys/values and q are not; out = (acc_chunks · Rᵀ + acc_exact) / L with rot: [D, D] float32 (R, row-major).
+// out: [ROWS, D] in OT. One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
 constexpr int DPL = D / 32;
-VQ_SHARED float wl[NW], wacc[NW * D];
+VQ_SHARED float wl[NW], wacc[NW * D], wex[ROT ? NW * D : 1], ac[ROT ? D : 1];
 const int row = vq_group_x, kv = row / REP;
-const int E = ek_shape[2], has_sinks = HS;
+const int E = eref_shape[0], ecap = ek_shape[2], has_sinks = HS;
 const int ns = pm_shape[1];
 const float scale = vq_as_float(SCALE);
-float qv[DPL], acc[DPL];
+float qv[DPL], acc[DPL], acx[DPL];
 VQ_UNROLL
-for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; }
+for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; acx[k] = 0.0f; }
 float M = has_sinks ? sinks[row] : VQ_NEG_INF;        // pass 1: the global maximum (chunks, exact tokens, sink)
 for (int c = vq_lane; c < ns; c += 32) M = fmax(M, pm[(long)row * ns + c]);
 M = vq_simd_max(M);
 for (int e = 0; e < E; e++) {
   float s = 0.0f;
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * E + e) * D + vq_lane * DPL + k]);
+  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
   M = fmax(M, vq_simd_sum(s));
 }
 float L = 0.0f;                                       // pass 2: independent weights, split over the simdgroups
@@ -371,45 +380,66 @@ for (int c = vq_warp; c < ns; c += NW) {
 for (int e = vq_warp; e < E; e += NW) {
   float s = 0.0f;
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * E + e) * D + vq_lane * DPL + k]);
+  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
   const float w = exp(vq_simd_sum(s) - M);
   L += w;
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) acc[k] += w * vq_float(ev[((long)kv * E + e) * D + vq_lane * DPL + k]);
+  for (int k = 0; k < DPL; k++) acx[k] += w * vq_float(ev[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
 }
 if (vq_lane == 0) wl[vq_warp] = L;
 VQ_UNROLL
-for (int k = 0; k < DPL; k++) wacc[vq_warp * D + vq_lane * DPL + k] = acc[k];
+for (int k = 0; k < DPL; k++) {
+  if (ROT) { wacc[vq_warp * D + vq_lane * DPL + k] = acc[k]; wex[vq_warp * D + vq_lane * DPL + k] = acx[k]; }
+  else wacc[vq_warp * D + vq_lane * DPL + k] = acc[k] + acx[k];
+}
 vq_barrier();
-for (int d = vq_tid; d < D; d += 32 * NW) {
-  float Lt = has_sinks ? exp(sinks[row] - M) : 0.0f, A = 0.0f;
-  for (int w = 0; w < NW; w++) { Lt += wl[w]; A += wacc[w * D + d]; }
-  out[(long)row * D + d] = vq_cast(OT, A / Lt);
+float Lt = has_sinks ? exp(sinks[row] - M) : 0.0f;
+for (int w = 0; w < NW; w++) Lt += wl[w];
+if (ROT) {
+  for (int d = vq_tid; d < D; d += 32 * NW) { float A = 0.0f; for (int w = 0; w < NW; w++) A += wacc[w * D + d]; ac[d] = A; }
+  vq_barrier();
+  for (int d = vq_tid; d < D; d += 32 * NW) {     // (acc · Rᵀ)_d = sum_j acc_j R[d, j], plus the exact tokens' share
+    float A = 0.0f;
+    for (int j = 0; j < D; j++) A += ac[j] * rot[(long)d * D + j];
+    for (int w = 0; w < NW; w++) A += wex[w * D + d];
+    out[(long)row * D + d] = vq_cast(OT, A / Lt);
+  }
+} else {
+  for (int d = vq_tid; d < D; d += 32 * NW) {
+    float A = 0.0f;
+    for (int w = 0; w < NW; w++) A += wacc[w * D + d];
+    out[(long)row * D + d] = vq_cast(OT, A / Lt);
+  }
 }
 """
-DECODE_MERGE_INPUTS = ["pm", "pl", "pacc", "q", "ek", "ev", "sinks"]
+DECODE_MERGE_INPUTS = ["pm", "pl", "pacc", "q", "ek", "ev", "sinks", "eref", "rot"]
 
-def _merge_partials(m, l, acc, q2, ek, ev, sinks, scale: float, rep: int, merge_warps: int, out_dtype):
+def _merge_partials(m, l, acc, q2, ek, ev, sinks, scale: float, rep: int, merge_warps: int, out_dtype,
+                    n_exact: int | None = None, rot=None, out_shape=None):
     """The second dispatch of a decode step (`DECODE_MERGE_BODY`): chunk partials `m`, `l` [ROWS, NS], `acc` [ROWS, NS, D]
-    with the queries `q2` [ROWS, D], the exact keys/values `ek`, `ev` [B, Hkv, E, D] (dtype `out_dtype`) and optional sink
-    logits [Hq]; returns [ROWS, D] in `out_dtype`."""
-    rows, D = q2.shape
+    with the queries `q2` [ROWS, D] (or any row-contiguous array of ROWS·D elements, e.g. [B, Hq, 1, D]), the exact
+    keys/values `ek`, `ev` [B, Hkv, ECAP, D] of which the first `n_exact` (default ECAP) tokens count, optional sink
+    logits [Hq] and, when the partials were accumulated in a rotated domain, the float32 rotation `rot` [D, D] to
+    undo (`out = acc·rotᵀ`; the exact tokens and `q2` stay unrotated). Returns [ROWS, D] (or `out_shape`) in `out_dtype`."""
+    rows, D = l.shape[0], acc.shape[-1]
     Hq = sinks.shape[0] if sinks is not None else 0
     sk = (mx.broadcast_to(sinks.astype(mx.float32).reshape(1, Hq), (rows // Hq, Hq)).reshape(rows) if sinks is not None else _no_sinks())
     kern = _kernel("vq_decode_merge", DECODE_MERGE_BODY, tuple(DECODE_MERGE_INPUTS), ("out",), backend())
-    (out,) = kern(inputs=[m, l, acc, q2, ek, ev, sk],
+    (out,) = kern(inputs=[m, l, acc, q2, ek, ev, sk, _nref(ek.shape[2] if n_exact is None else n_exact),
+                          _no_sinks() if rot is None else rot],
                   template=[("D", D), ("REP", rep), ("NW", merge_warps), ("OT", out_dtype), ("HS", int(sinks is not None)),
-                            ("SCALE", _float_bits(scale))],
+                            ("ROT", int(rot is not None)), ("SCALE", _float_bits(scale))],
                   grid=(32 * merge_warps * rows, 1, 1), threadgroup=(32 * merge_warps, 1, 1),
-                  output_shapes=[(rows, D)], output_dtypes=[out_dtype])
+                  output_shapes=[out_shape or (rows, D)], output_dtypes=[out_dtype])
     return out
 
 DECODE_MERGE_CU_TYPES = dict(inputs=[("pm", "float32"), ("pl", "float32"), ("pacc", "float32"), ("q", "OT"),
-                                     ("ek", "OT"), ("ev", "OT"), ("sinks", "float32")],
+                                     ("ek", "OT"), ("ev", "OT"), ("sinks", "float32"), ("eref", "uint8"), ("rot", "float32")],
                              outputs=[("out", "OT")])
-register_kernel("decode_merge", DECODE_MERGE_BODY, DECODE_MERGE_CU_TYPES, dict(D=128, REP=4, NW=4, OT="float16", HS=0, SCALE=_float_bits(128 ** -0.5)),
-                [dict(D=64, REP=3, NW=2, OT="float32", HS=1, SCALE=_float_bits(0.125)),
-                 dict(D=128, REP=8, NW=8, OT="bfloat16", HS=1, SCALE=_float_bits(1.0))])
+register_kernel("decode_merge", DECODE_MERGE_BODY, DECODE_MERGE_CU_TYPES, dict(D=128, REP=4, NW=4, OT="float16", HS=0, ROT=0, SCALE=_float_bits(128 ** -0.5)),
+                [dict(D=64, REP=3, NW=2, OT="float32", HS=1, ROT=1, SCALE=_float_bits(0.125)),
+                 dict(D=128, REP=8, NW=8, OT="bfloat16", HS=1, ROT=0, SCALE=_float_bits(1.0)),
+                 dict(D=128, REP=4, NW=4, OT="float16", HS=0, ROT=1, SCALE=_float_bits(128 ** -0.5))])
 
 # %% ../nbs/03b_gpu.ipynb #b7205c19
 _PACK_SNIPPET = r"""

@@ -12,7 +12,7 @@ import veloxquant.gpu as gpu
 from ..gpu import (
     DECODE_PARTIAL_OUTPUTS, DECODE_WARPS, MERGE_WARPS, MMA_TARGET_GROUPS, MMA_TOKENS, MMA_WARPS, decode_split,
     register_kernel, _MMA_CHUNK_TAIL, _MMA_DEFINE, _MMA_ONLINE_SOFTMAX, _check_step, _float_bits, _is_int, _kernel,
-    _merge_partials, _nref, _pack, _smem_limit)
+    _merge_partials, _nref, _no_sinks, _pack, _smem_limit, DECODE_MERGE_BODY, DECODE_MERGE_INPUTS)
 
 # %% auto #0
 __all__ = ['AFFINE_BITS', 'METHOD', 'AFFINE_DECODE_BODY', 'AFFINE_DECODE_INPUTS', 'AFFINE_DECODE_OUTPUTS',
@@ -45,6 +45,7 @@ class AffineConfig(MethodConfig):
 class AffineCodec(Codec):
     "Per-token group affine quantization along head_dim (`mx.quantize`); codes uint32, scales/biases fp16."
     compilable = True  # pure scores/mix: the compiled decode path (when the fused kernel does not run) may trace them
+    decodes_exactly = True  # scores/mix are q·decode(k)ᵀ and p·decode(v) (the GPU prefill attends to decoded tiles)
     def __init__(self, head_dim: int, bits: int, group_size: int):
         if head_dim % group_size:
             raise ValueError(f"group_size={group_size} does not divide head_dim={head_dim}; allowed: divisors of {head_dim} among (32, 64, 128)")
@@ -55,6 +56,10 @@ class AffineCodec(Codec):
     def decode(self, blk):
         f32 = mx.float32
         return mx.dequantize(blk["w"], blk["scales"].astype(f32), blk["biases"].astype(f32), group_size=self.gs, bits=self.bits)
+    def decode_as(self, blk, dtype):
+        "Decoded [B, H, t, D] in `dtype`; float16 straight from the fp16 scales and biases (one dequantize, no float32 copy)."
+        if dtype == mx.float16: return mx.dequantize(blk["w"], blk["scales"], blk["biases"], group_size=self.gs, bits=self.bits)
+        return self.decode(blk).astype(dtype)
     def _q(self, blk, dtype):
         return (mx.expand_dims(blk["w"], 2), mx.expand_dims(blk["scales"].astype(dtype), 2), mx.expand_dims(blk["biases"].astype(dtype), 2))
     def scores(self, q, blk):
@@ -71,10 +76,17 @@ def _make(config: KVCacheConfig):
         kd, vd = kc.head_dim, vc.head_dim
         if not (cfg.use_kernels and kd == vd and affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size)):
             return None
-        def run(queries, k, v, n, ek, ev, scale, sinks):
-            if not affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size, queries.shape[1] // ek.shape[1]):
-                return None  # too many query heads per kv head for threadgroup memory: the reference path
-            return affine_fused_decode(queries, k, v, n, ek, ev, scale, sinks, cfg.key_bits, cfg.value_bits, cfg.group_size)
+        plans = {}  # one launch plan per (shape, dtype, scale): the checks run once, a step only launches
+        def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None):
+            key = (queries.shape, ek.shape[:2], queries.dtype, scale)
+            p = plans.get(key)
+            if p is None:
+                B, Hq, L, D = queries.shape
+                ok = L == 1 and Hq % ek.shape[1] == 0 and affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size, Hq // ek.shape[1])
+                p = plans[key] = _DecodePlan(queries.shape, ek.shape[1], queries.dtype, scale, cfg.key_bits, cfg.value_bits, cfg.group_size) if ok else False
+            if p is False: return None  # too many query heads per kv head for threadgroup memory: the reference path
+            return p(queries, k, v, n, ek, ev, sinks, n_exact)
+        run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
         return run
     # Appends stay on `mx.quantize` (two native dispatches): on the H200 it is faster than the one-dispatch
     # `affine_fused_append` (0.57-0.64x, see nbs/13_bench.ipynb), so that kernel is not wired in here.
@@ -539,11 +551,12 @@ def affine_decode_attention(q, k: dict, v: dict, n: int, key_bits: int, value_bi
 def affine_fused_decode(queries, k: dict, v: dict, n: int, keys, values, scale: float, sinks,
                         key_bits: int, value_bits: int, group_size: int, split: int | None = None,
                         warps: int | None = None, merge_warps: int | None = None, mma: bool | None = None,
-                        emulate: bool = False):
+                        emulate: bool = False, n_exact: int | None = None):
     """A whole decode step of attention in two dispatches (chunk partials, then the merge): `queries`
     [B, Hq, 1, D] (any float dtype) over `n` affine-coded history tokens (`k`, `v` as in
     `affine_decode_attention`) plus the exact `keys`/`values` [B, Hkv, E, D] (current step and fp16
-    window), `scale` the softmax scale, `sinks` optional [Hq] sink logits (gpt-oss). Returns
+    window), `scale` the softmax scale, `sinks` optional [Hq] sink logits (gpt-oss); `n_exact`: only the first
+    `n_exact` tokens of `keys`/`values` count (a preallocated window buffer; default all). Returns
     [B, Hq, 1, D] in the queries' dtype. No mask is applied (a decode step attends to everything).
     `mma`, `emulate` as in `affine_decode_attention` (the tensor-core kernel rounds the scaled query and
     the softmax weights to fp16 for the products; sums stay float32). `ValueError` for malformed shapes, n outside
@@ -558,12 +571,54 @@ def affine_fused_decode(queries, k: dict, v: dict, n: int, keys, values, scale: 
     use, warps = _pick(D, key_bits, value_bits, group_size, rep, mma, warps)
     merge_warps = merge_warps or MERGE_WARPS
     split = split or decode_split(n, B * Hkv, MMA_TARGET_GROUPS if use else None, warps=warps)
-    rows = B * Hq
-    q2 = queries.reshape(rows, D)
-    m, l, acc = _decode_partials(q2, k, v, n, split, B, Hkv, rep, D, key_bits, value_bits, group_size, warps, scale, use, emulate)
-    out = _merge_partials(m, l, acc, q2, keys.astype(queries.dtype), values.astype(queries.dtype), sinks, scale, rep,
-                          merge_warps, queries.dtype)
-    return out.reshape(B, Hq, 1, D)
+    if n_exact is not None and not (type(n_exact) is int and 0 <= n_exact <= E):
+        raise ValueError(f"n_exact={n_exact!r}; allowed: an integer in [0, {E}] (the exact keys given)")
+    m, l, acc = _decode_partials(queries, k, v, n, split, B, Hkv, rep, D, key_bits, value_bits, group_size, warps, scale, use, emulate)
+    return _merge_partials(m, l, acc, queries, keys, values, sinks, scale, rep, merge_warps, queries.dtype, n_exact,
+                           out_shape=(B, Hq, 1, D))
+
+class _DecodePlan:
+    """The launches of one decode step for one cache layout, prepared once (kernel objects, templates, grids): a step
+    only picks the chunk size for `n` (memoised) and launches the partials and the merge (`affine_fused_decode`'s
+    kernels and numbers, none of its per-call checks). Queries [B, Hq, 1, D] go in as they are (row-contiguous: the
+    kernels read them as [B·Hq, D]); the exact keys/values may be a window buffer with `n_exact` valid tokens."""
+    def __init__(self, qshape, Hkv, dtype, scale, key_bits, value_bits, group_size):
+        B, Hq, _, D = qshape; rep = Hq // Hkv
+        self.use, self.warps = _pick(D, key_bits, value_bits, group_size, rep, None, None)
+        self.B, self.Hkv, self.Hq, self.rep, self.D, self.rows, self.dtype, self.scale = B, Hkv, Hq, rep, D, B * Hq, dtype, scale
+        self.target = MMA_TARGET_GROUPS if self.use else None
+        if self.use:
+            self.kern = _kernel("vq_affine_mma_decode", AFFINE_MMA_DECODE_BODY, tuple(AFFINE_MMA_DECODE_INPUTS), tuple(AFFINE_DECODE_OUTPUTS), gpu.backend())
+            self.tmpl = [("D", D), ("G", group_size), ("REP", rep), ("NW", self.warps), ("U", MMA_TOKENS // 16), ("EMU", 0), ("PF", 1)]
+        else:
+            self.kern = _kernel("vq_affine_decode", AFFINE_DECODE_BODY, tuple(AFFINE_DECODE_INPUTS), tuple(AFFINE_DECODE_OUTPUTS), gpu.backend())
+            self.tmpl = [("D", D), ("KBITS", key_bits), ("VBITS", value_bits), ("G", group_size), ("REP", rep), ("NW", self.warps)]
+        self.mkern = _kernel("vq_decode_merge", DECODE_MERGE_BODY, tuple(DECODE_MERGE_INPUTS), ("out",), gpu.backend())
+        self.mtmpl = [("D", D), ("REP", rep), ("NW", MERGE_WARPS), ("OT", dtype), ("HS", 0), ("ROT", 0), ("SCALE", _float_bits(scale))]
+        self.mgrid, self.tg = (32 * MERGE_WARPS * self.rows, 1, 1), (32 * self.warps, 1, 1)
+        self.per_n = {}
+
+    def _launch(self, n):
+        split = decode_split(n, self.B * self.Hkv, self.target, warps=self.warps); ns = -(-n // split)
+        tmpl = self.tmpl + [("SPLIT", split), ("SCALE", _float_bits(self.scale))]
+        shapes = [(self.rows, ns), (self.rows, ns), (self.rows, ns, self.D)]
+        if len(self.per_n) > 256: self.per_n.clear()
+        p = self.per_n[n] = (tmpl, (32 * self.warps * ns, self.B * self.Hkv, 1), shapes)
+        return p
+
+    def __call__(self, queries, k, v, n, ek, ev, sinks, n_exact):
+        tmpl, grid, shapes = self.per_n.get(n) or self._launch(n)
+        m, l, acc = self.kern(inputs=[queries, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"], _nref(n)],
+                              template=tmpl, grid=grid, threadgroup=self.tg, output_shapes=shapes, output_dtypes=_F32X3)
+        if sinks is not None:
+            return _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, MERGE_WARPS, self.dtype, n_exact,
+                                   out_shape=(self.B, self.Hq, 1, self.D))
+        (out,) = self.mkern(inputs=[m, l, acc, queries, ek, ev, _no_sinks(), _nref(ek.shape[2] if n_exact is None else n_exact), _no_sinks()],
+                            template=self.mtmpl, grid=self.mgrid, threadgroup=(32 * MERGE_WARPS, 1, 1),
+                            output_shapes=[(self.B, self.Hq, 1, self.D)], output_dtypes=[self.dtype])
+        return out
+
+_F32X3 = [mx.float32, mx.float32, mx.float32]
 
 # %% ../../nbs/methods/affine.ipynb #90af2554
 AFFINE_APPEND_BODY = r"""
