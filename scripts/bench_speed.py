@@ -1,6 +1,6 @@
 """End-to-end decode/prefill/peak memory on a GPU, every lever side by side in one process (`benchmark_generate`'s
 protocol: a random-weight Llama-3.1-8B-shaped model, fp16, 32 layers; `generate_step`, prefill_step_size 2048, 8 untimed
-then 64 timed decode steps). Variants switch the class flags of `VQCache`: `window_buffer` (decode tokens written in
+then 64 timed decode steps; one untimed pass of stock, affine and turboquant at each context first). Variants switch the class flags of `VQCache`: `window_buffer` (decode tokens written in
 place into the fp16 window, the fused step reads that buffer) and `decoded_prefill` (prefill chunks over codes attend to
 the decoded history with the fused SDPA). Usage: python scripts/bench_speed.py OUT_JSON [contexts] [slow_contexts]"""
 import json, sys
@@ -22,6 +22,7 @@ for spec in (STOCK, A, T): _run_one(m, spec, prompt_fn(64, 1), 2, 0, 2048)  # un
 rows = []
 for ctx in contexts:
     prompts = prompt_fn(ctx, 1)
+    for spec in (STOCK, A, T): _run_one(m, spec, prompts, 2, 0, 2048)  # untimed at this context: per-shape compilation (SDPA, kernels) of every chunk
     for name, spec, flags, is_slow in variants:
         if is_slow and ctx not in slow: continue
         saved = {k: getattr(VQCache, k) for k in flags}
