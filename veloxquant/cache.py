@@ -132,14 +132,14 @@ class VQCache(_BaseCache):
     @property
     def k_exact(self):
         "The fp16 window's keys [B, H, w, D] (None when empty)."
-        if self._xk is None or self._xkn == 0: return None
+        if self._xk is None: return None
         return self._xk[:, :, :self._xkn] if self._xbuf else self._xk
     @k_exact.setter
     def k_exact(self, a): self._xk, self._xkn, self._xbuf = a, (0 if a is None else a.shape[2]), False
     @property
     def v_exact(self):
         "The fp16 window's values [B, H, w, Dv] (None when empty)."
-        if self._xv is None or self._xvn == 0: return None
+        if self._xv is None: return None
         return self._xv[:, :, :self._xvn] if self._xbuf else self._xv
     @v_exact.setter
     def v_exact(self, a): self._xv, self._xvn, self._xbuf = a, (0 if a is None else a.shape[2]), False
