@@ -123,3 +123,27 @@ def test_decoded_prefill_in_a_float16_model():
         finally:
             VQCache.decoded_prefill, VQCache.window_buffer = None, True
     np.testing.assert_allclose(np.array(outs[0]), np.array(outs[1]), atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["affine:key_bits=4,value_bits=4,window=16", "turboquant:key_bits=3,value_bits=3,window=16"])
+@pytest.mark.parametrize("B,with_sinks", [(1, False), (3, True)])
+def test_one_dispatch_matches_two(spec, B, with_sinks):
+    "On a GPU: the decode step as one dispatch (partials + last-threadgroup merge) equals partials then the merge kernel."
+    import veloxquant.gpu as gpu
+    H, rep, D = 8, 4, 128
+    outs = {}
+    for fused in (True, False):
+        gpu.FUSED_DECODE = fused
+        try:
+            c = parse_method(spec).make_cache(); mx.random.seed(3); o = []
+            sk = mx.random.normal((H * rep,)) if with_sinks else None
+            for T in [700] + [1] * 30:
+                k, v, q = (mx.random.normal(s).astype(mx.float16) for s in ((B, H, T, D), (B, H, T, D), (B, H * rep, T, D)))
+                kk, vv = c.update_and_fetch(k, v)
+                o.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=D ** -0.5, mask="causal" if T > 1 else None, sinks=sk))
+            mx.eval(o); outs[fused] = o
+        finally:
+            gpu.FUSED_DECODE = True
+    for x, y in zip(outs[True][1:], outs[False][1:]):
+        np.testing.assert_allclose(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)), atol=2e-3, rtol=2e-3)

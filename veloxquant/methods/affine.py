@@ -12,7 +12,7 @@ import veloxquant.gpu as gpu
 from ..gpu import (
     DECODE_PARTIAL_OUTPUTS, DECODE_WARPS, MERGE_WARPS, MMA_TARGET_GROUPS, MMA_TOKENS, MMA_WARPS, decode_split,
     register_kernel, _MMA_CHUNK_TAIL, _MMA_DEFINE, _MMA_ONLINE_SOFTMAX, _check_step, _float_bits, _is_int, _kernel,
-    _merge_partials, _nref, _no_sinks, _pack, _smem_limit, DECODE_MERGE_BODY, DECODE_MERGE_INPUTS)
+    _merge_partials, _nref, _pack, _smem_limit)
 
 # %% auto #0
 __all__ = ['AFFINE_BITS', 'METHOD', 'AFFINE_DECODE_BODY', 'AFFINE_DECODE_INPUTS', 'AFFINE_DECODE_OUTPUTS',
@@ -78,14 +78,14 @@ def _make(config: KVCacheConfig):
             return None
         plans = {}  # one launch plan per (shape, dtype, scale): the checks run once, a step only launches
         def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None):
-            key = (queries.shape, ek.shape[:2], queries.dtype, scale)
+            key = (queries.shape, ek.shape[:2], queries.dtype, scale, sinks is None)
             p = plans.get(key)
             if p is None:
                 B, Hq, L, D = queries.shape
                 ok = L == 1 and Hq % ek.shape[1] == 0 and affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size, Hq // ek.shape[1])
-                p = plans[key] = _DecodePlan(queries.shape, ek.shape[1], queries.dtype, scale, cfg.key_bits, cfg.value_bits, cfg.group_size) if ok else False
+                p = plans[key] = _decode_plan(queries.shape, ek.shape[1], queries.dtype, scale, cfg.key_bits, cfg.value_bits, cfg.group_size, sinks is not None) if ok else False
             if p is False: return None  # too many query heads per kv head for threadgroup memory: the reference path
-            return p(queries, k, v, n, ek, ev, sinks, n_exact)
+            return p([queries, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"]], n, queries, ek, ev, sinks, n_exact)
         run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
         return run
     # Appends stay on `mx.quantize` (two native dispatches): on the H200 it is faster than the one-dispatch
@@ -577,48 +577,14 @@ def affine_fused_decode(queries, k: dict, v: dict, n: int, keys, values, scale: 
     return _merge_partials(m, l, acc, queries, keys, values, sinks, scale, rep, merge_warps, queries.dtype, n_exact,
                            out_shape=(B, Hq, 1, D))
 
-class _DecodePlan:
-    """The launches of one decode step for one cache layout, prepared once (kernel objects, templates, grids): a step
-    only picks the chunk size for `n` (memoised) and launches the partials and the merge (`affine_fused_decode`'s
-    kernels and numbers, none of its per-call checks). Queries [B, Hq, 1, D] go in as they are (row-contiguous: the
-    kernels read them as [B·Hq, D]); the exact keys/values may be a window buffer with `n_exact` valid tokens."""
-    def __init__(self, qshape, Hkv, dtype, scale, key_bits, value_bits, group_size):
-        B, Hq, _, D = qshape; rep = Hq // Hkv
-        self.use, self.warps = _pick(D, key_bits, value_bits, group_size, rep, None, None)
-        self.B, self.Hkv, self.Hq, self.rep, self.D, self.rows, self.dtype, self.scale = B, Hkv, Hq, rep, D, B * Hq, dtype, scale
-        self.target = MMA_TARGET_GROUPS if self.use else None
-        if self.use:
-            self.kern = _kernel("vq_affine_mma_decode", AFFINE_MMA_DECODE_BODY, tuple(AFFINE_MMA_DECODE_INPUTS), tuple(AFFINE_DECODE_OUTPUTS), gpu.backend())
-            self.tmpl = [("D", D), ("G", group_size), ("REP", rep), ("NW", self.warps), ("U", MMA_TOKENS // 16), ("EMU", 0), ("PF", 1)]
-        else:
-            self.kern = _kernel("vq_affine_decode", AFFINE_DECODE_BODY, tuple(AFFINE_DECODE_INPUTS), tuple(AFFINE_DECODE_OUTPUTS), gpu.backend())
-            self.tmpl = [("D", D), ("KBITS", key_bits), ("VBITS", value_bits), ("G", group_size), ("REP", rep), ("NW", self.warps)]
-        self.mkern = _kernel("vq_decode_merge", DECODE_MERGE_BODY, tuple(DECODE_MERGE_INPUTS), ("out",), gpu.backend())
-        self.mtmpl = [("D", D), ("REP", rep), ("NW", MERGE_WARPS), ("OT", dtype), ("HS", 0), ("ROT", 0), ("SCALE", _float_bits(scale))]
-        self.mgrid, self.tg = (32 * MERGE_WARPS * self.rows, 1, 1), (32 * self.warps, 1, 1)
-        self.per_n = {}
-
-    def _launch(self, n):
-        split = decode_split(n, self.B * self.Hkv, self.target, warps=self.warps); ns = -(-n // split)
-        tmpl = self.tmpl + [("SPLIT", split), ("SCALE", _float_bits(self.scale))]
-        shapes = [(self.rows, ns), (self.rows, ns), (self.rows, ns, self.D)]
-        if len(self.per_n) > 256: self.per_n.clear()
-        p = self.per_n[n] = (tmpl, (32 * self.warps * ns, self.B * self.Hkv, 1), shapes)
-        return p
-
-    def __call__(self, queries, k, v, n, ek, ev, sinks, n_exact):
-        tmpl, grid, shapes = self.per_n.get(n) or self._launch(n)
-        m, l, acc = self.kern(inputs=[queries, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"], _nref(n)],
-                              template=tmpl, grid=grid, threadgroup=self.tg, output_shapes=shapes, output_dtypes=_F32X3)
-        if sinks is not None:
-            return _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, MERGE_WARPS, self.dtype, n_exact,
-                                   out_shape=(self.B, self.Hq, 1, self.D))
-        (out,) = self.mkern(inputs=[m, l, acc, queries, ek, ev, _no_sinks(), _nref(ek.shape[2] if n_exact is None else n_exact), _no_sinks()],
-                            template=self.mtmpl, grid=self.mgrid, threadgroup=(32 * MERGE_WARPS, 1, 1),
-                            output_shapes=[(self.B, self.Hq, 1, self.D)], output_dtypes=[self.dtype])
-        return out
-
-_F32X3 = [mx.float32, mx.float32, mx.float32]
+def _decode_plan(qshape, Hkv, dtype, scale, key_bits, value_bits, group_size, hs):
+    "The prepared launches (`veloxquant.gpu.DecodeStep`) of a cache's decode steps: the tensor-core kernel in one dispatch, or the scalar one and the merge."
+    B, Hq, _, D = qshape; rep = Hq // Hkv
+    use, warps = _pick(D, key_bits, value_bits, group_size, rep, None, None)
+    if use: return gpu.DecodeStep("affine_mma_decode", AFFINE_MMA_DECODE_BODY, AFFINE_MMA_DECODE_INPUTS, [("D", D), ("G", group_size), ("REP", rep), ("NW", warps),
+                                  ("U", MMA_TOKENS // 16), ("EMU", 0), ("PF", 1)], B, Hq, Hkv, D, dtype, scale, warps, MMA_TARGET_GROUPS, fused=True, hs=hs)
+    return gpu.DecodeStep("affine_decode", AFFINE_DECODE_BODY, AFFINE_DECODE_INPUTS, [("D", D), ("KBITS", key_bits), ("VBITS", value_bits), ("G", group_size),
+                          ("REP", rep), ("NW", warps)], B, Hq, Hkv, D, dtype, scale, warps, None, hs=hs)
 
 # %% ../../nbs/methods/affine.ipynb #90af2554
 AFFINE_APPEND_BODY = r"""
@@ -695,5 +661,8 @@ register_kernel("affine_mma_decode", AFFINE_MMA_DECODE_BODY, AFFINE_DECODE_CU_TY
                 [dict(D=64, G=64, REP=3, NW=4, U=2, EMU=0, PF=1, SPLIT=256, SCALE=_float_bits(0.125)),
                  dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SPLIT=200, SCALE=_float_bits(1.0)),
                  dict(D=128, G=128, REP=16, NW=4, U=2, EMU=1, PF=0, SPLIT=8192, SCALE=_float_bits(0.1))])
+register_kernel("affine_mma_decode_fused", AFFINE_MMA_DECODE_BODY + gpu.DECODE_FINISH, dict(inputs=AFFINE_DECODE_CU_TYPES["inputs"] + gpu.DECODE_FINISH_CU_TYPES,
+                outputs=AFFINE_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, G=64, REP=4, NW=4, U=2, EMU=0, PF=1, SPLIT=256, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=0, OT="float16"),
+                [dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SPLIT=200, SCALE=_float_bits(1.0), HS=1, ROT=0, OT="bfloat16")])
 register_kernel("affine_append", AFFINE_APPEND_BODY, AFFINE_APPEND_CU_TYPES, dict(D=128, KBITS=4, VBITS=4, G=64),
                 [dict(D=64, KBITS=3, VBITS=8, G=32), dict(D=96, KBITS=5, VBITS=6, G=32), dict(D=256, KBITS=2, VBITS=4, G=128)])

@@ -250,12 +250,19 @@ def _make(config: KVCacheConfig):
         if not (cfg.use_kernels and cfg.variant == "mse" and not cfg.center and kc.head_dim == vc.head_dim
                 and len(kc.groups) == 1 and len(vc.groups) == 1 and tq_decode_supported(kc.head_dim, kc.bits, vc.bits, 1)):
             return None
-        ok = {}  # the support check once per (heads, kv heads)
+        plans = {}  # one prepared step (gpu.DecodeStep, one dispatch) per (shape, dtype, scale): the checks run once
         def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None):
-            key = (queries.shape[1], ek.shape[1])
-            if key not in ok: ok[key] = queries.shape[1] % ek.shape[1] == 0 and tq_decode_supported(kc.head_dim, kc.bits, vc.bits, queries.shape[1] // ek.shape[1])
-            if not ok[key]: return None  # more than 16 query heads per kv head: the reference path
-            return tq_fused_decode(queries, k, v, n, ek, ev, scale, sinks, kc, vc, n_exact=n_exact, checked=True)
+            key = (queries.shape, ek.shape[:2], queries.dtype, scale, sinks is None)
+            p = plans.get(key)
+            if p is None:
+                B, Hq, L, D = queries.shape; Hkv = ek.shape[1]
+                ok = L == 1 and Hq % Hkv == 0 and tq_decode_supported(kc.head_dim, kc.bits, vc.bits, Hq // Hkv)
+                p = plans[key] = gpu.DecodeStep("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_INPUTS, [("D", D), ("KB", _int_bits(kc.groups[0][2])),
+                    ("VB", _int_bits(vc.groups[0][2])), ("REP", Hq // Hkv), ("NW", MMA_WARPS), ("U", MMA_TOKENS // 16), ("EMU", 0)], B, Hq, Hkv, D,
+                    queries.dtype, scale, MMA_WARPS, MMA_TARGET_GROUPS, fused=True, rot=vc.R, hs=sinks is not None) if ok else False
+            if p is False: return None  # more than 16 query heads per kv head: the reference path
+            return p([queries.astype(mx.float32) @ kc.R, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc)],
+                     n, queries, ek, ev, sinks, n_exact)
         run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
         return run
     return TurboQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_encode=encode, fused_decode=decode)
@@ -556,5 +563,8 @@ register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=
                 [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, SPLIT=256, SCALE=_float_bits(0.125)),
                  dict(D=128, KB=4, VB=1, REP=16, NW=4, U=1, EMU=1, SPLIT=200, SCALE=_float_bits(1.0)),
                  dict(D=64, KB=1, VB=4, REP=8, NW=2, U=2, EMU=0, SPLIT=8192, SCALE=_float_bits(0.1))])
+register_kernel("tq_mma_decode_fused", TQ_MMA_DECODE_BODY + gpu.DECODE_FINISH, dict(inputs=TQ_DECODE_CU_TYPES["inputs"] + gpu.DECODE_FINISH_CU_TYPES,
+                outputs=TQ_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SPLIT=256, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16"),
+                [dict(D=64, KB=2, VB=4, REP=8, NW=4, U=1, EMU=1, SPLIT=200, SCALE=_float_bits(1.0), HS=1, ROT=1, OT="bfloat16")])
 register_kernel("tq_append", TQ_APPEND_BODY, TQ_APPEND_CU_TYPES, dict(D=128, KBITS=3, VBITS=3),
                 [dict(D=64, KBITS=1, VBITS=4), dict(D=96, KBITS=3, VBITS=2), dict(D=256, KBITS=4, VBITS=4)])
