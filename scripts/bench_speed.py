@@ -20,6 +20,7 @@ variants = [("stock", STOCK, {}, False), ("affine", A, {}, False), ("affine wind
             ("turboquant decoded_prefill=False", T, {"decoded_prefill": False}, True), ("stock (again)", STOCK, {}, False)]
 variants[2:2] = [("affine FUSED_DECODE=False", A, {"FUSED_DECODE": False}, False)]
 variants[6:6] = [("turboquant FUSED_DECODE=False", T, {"FUSED_DECODE": False}, False)]
+if len(sys.argv) > 4 and sys.argv[4] == "short": variants = [v for v in variants if not v[2]]  # defaults only
 owner = lambda k: gpu if k == "FUSED_DECODE" else VQCache
 m, prompt_fn, label = _generate_model(None, 32)
 for spec in (STOCK, A, T): _run_one(m, spec, prompt_fn(64, 1), 2, 0, 2048)  # untimed: compilation

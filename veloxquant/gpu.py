@@ -294,7 +294,7 @@ if (f_last[0]) {
 """
 DECODE_FINISH_INPUTS = ["xq", "ek", "ev", "eref", "sinks", "rott", "cnt"]  # appended to a decode kernel's inputs
 DECODE_FINISH_CU_TYPES = [("xq", "OT"), ("ek", "OT"), ("ev", "OT"), ("eref", "uint8"), ("sinks", "float32"), ("rott", "float32"), ("cnt", "uint32")]
-FUSED_DECODE = True  # decode steps through the caches launch partials + merge as one dispatch (DECODE_FINISH) where a kernel has it
+FUSED_DECODE = False  # True: decode steps through the caches launch partials + merge as one dispatch (DECODE_FINISH). Off: see below
 
 def _finish_inputs(queries, ek, ev, n_exact, sinks, rott, cnt):
     "The inputs `DECODE_FINISH` appends: queries, exact K/V, their valid length as a shape, sink logits per row, Rᵀ, the counter."
