@@ -134,7 +134,7 @@ def test_one_dispatch_matches_two(spec, B, with_sinks):
     "On a GPU: the decode step as one dispatch (partials + last-threadgroup merge) equals partials then the merge kernel."
     import veloxquant.gpu as gpu
     H, rep, D = 8, 4, 128
-    outs = {}
+    outs, was = {}, gpu.FUSED_DECODE
     for fused in (True, False):
         gpu.FUSED_DECODE = fused
         try:
@@ -146,6 +146,6 @@ def test_one_dispatch_matches_two(spec, B, with_sinks):
                 o.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=D ** -0.5, mask="causal" if T > 1 else None, sinks=sk))
             mx.eval(o); outs[fused] = o
         finally:
-            gpu.FUSED_DECODE = True
+            gpu.FUSED_DECODE = was
     for x, y in zip(outs[True][1:], outs[False][1:]):
         np.testing.assert_allclose(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)), atol=2e-3, rtol=2e-3)
