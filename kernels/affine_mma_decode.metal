@@ -38,6 +38,11 @@ VQ_FN uint vq_byte_perm(uint a, uint b, uint s) {
 #define vq_exp2(x) exp2(x)
 #define vq_load1(p, i) (*((const device uint*)((p) + (i))))
 #define vq_mma16816(c, a, b0, b1, lane) vq_mma16816_emul(c, a, b0, b1, lane)
+#define vq_device_fence() atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device)
+#define vq_atomic_inc(p) atomic_fetch_add_explicit((device atomic_uint*)(p), 1u, memory_order_relaxed)
+#define vq_atomic_zero(p) atomic_store_explicit((device atomic_uint*)(p), 0u, memory_order_relaxed)
+#define vq_ld_cg(p) (*(p))
+#define vq_simd_sync() simdgroup_barrier(mem_flags::mem_threadgroup)
 
 VQ_FN void vq_mma16816_emul(VQ_THREAD float* c, VQ_THREAD const uint* a, uint b0, uint b1, uint lane) {
   const uint g = lane / 4, t = lane % 4;

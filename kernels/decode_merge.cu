@@ -52,6 +52,11 @@ VQ_FN float2 vq_h2_float2(uint u) { return __half22float2(vq_h2_bits(u)); }
 #define vq_byte_perm(a, b, s) __byte_perm((a), (b), (s))
 #define vq_exp2(x) exp2f(x)
 #define vq_load1(p, i) (*reinterpret_cast<const uint*>((p) + (i)))
+#define vq_device_fence() __threadfence()
+#define vq_atomic_inc(p) atomicAdd((unsigned int*)(p), 1u)
+#define vq_atomic_zero(p) atomicExch((unsigned int*)(p), 0u)
+#define vq_ld_cg(p) __ldcg(p)
+#define vq_simd_sync() __syncwarp()
 VQ_FN void vq_mma16816(float* c, const uint* a, uint b0, uint b1, uint lane) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -91,36 +96,42 @@ __global__ void vq_decode_merge(
     const __grid_constant__ Shape ek_shape,
     const __half* ev,
     const float* sinks,
+    const uint8_t* eref,
+    const __grid_constant__ Shape eref_shape,
+    const float* rot,
     __half* out) {
   constexpr int D = 128;
   constexpr int REP = 4;
   constexpr int NW = 4;
   using OT = __half;
   constexpr int HS = 0;
+  constexpr int ROT = 0;
   constexpr int SCALE = 1035273459;
 
 const uint vq_lane = threadIdx.x % 32, vq_warp = threadIdx.x / 32, vq_tid = threadIdx.x;
 const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
 
-// pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, E, D];
-// sinks: [ROWS] float32 (read only when HS); template SCALE as the decode kernels. out: [ROWS, D] in OT.
-// One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
+// pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, ECAP, D], of which
+// the first E = eref_shape[0] tokens are read (a preallocated window buffer: ECAP >= E); sinks: [ROWS] float32 (read
+// only when HS); template SCALE as the decode kernels. ROT = 1: the chunk partials are in a rotated domain (acc = p·(v R)),
+// the exact keys/values and q are not; out = (acc_chunks · Rᵀ + acc_exact) / L with rot: [D, D] float32 (R, row-major).
+// out: [ROWS, D] in OT. One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
 constexpr int DPL = D / 32;
-VQ_SHARED float wl[NW], wacc[NW * D];
+VQ_SHARED float wl[NW], wacc[NW * D], wex[ROT ? NW * D : 1], ac[ROT ? D : 1];
 const int row = vq_group_x, kv = row / REP;
-const int E = ek_shape[2], has_sinks = HS;
+const int E = eref_shape[0], ecap = ek_shape[2], has_sinks = HS;
 const int ns = pm_shape[1];
 const float scale = vq_as_float(SCALE);
-float qv[DPL], acc[DPL];
+float qv[DPL], acc[DPL], acx[DPL];
 VQ_UNROLL
-for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; }
+for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; acx[k] = 0.0f; }
 float M = has_sinks ? sinks[row] : VQ_NEG_INF;        // pass 1: the global maximum (chunks, exact tokens, sink)
 for (int c = vq_lane; c < ns; c += 32) M = fmax(M, pm[(long)row * ns + c]);
 M = vq_simd_max(M);
 for (int e = 0; e < E; e++) {
   float s = 0.0f;
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * E + e) * D + vq_lane * DPL + k]);
+  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
   M = fmax(M, vq_simd_sum(s));
 }
 float L = 0.0f;                                       // pass 2: independent weights, split over the simdgroups
@@ -134,20 +145,36 @@ for (int c = vq_warp; c < ns; c += NW) {
 for (int e = vq_warp; e < E; e += NW) {
   float s = 0.0f;
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * E + e) * D + vq_lane * DPL + k]);
+  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
   const float w = exp(vq_simd_sum(s) - M);
   L += w;
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) acc[k] += w * vq_float(ev[((long)kv * E + e) * D + vq_lane * DPL + k]);
+  for (int k = 0; k < DPL; k++) acx[k] += w * vq_float(ev[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
 }
 if (vq_lane == 0) wl[vq_warp] = L;
 VQ_UNROLL
-for (int k = 0; k < DPL; k++) wacc[vq_warp * D + vq_lane * DPL + k] = acc[k];
+for (int k = 0; k < DPL; k++) {
+  if (ROT) { wacc[vq_warp * D + vq_lane * DPL + k] = acc[k]; wex[vq_warp * D + vq_lane * DPL + k] = acx[k]; }
+  else wacc[vq_warp * D + vq_lane * DPL + k] = acc[k] + acx[k];
+}
 vq_barrier();
-for (int d = vq_tid; d < D; d += 32 * NW) {
-  float Lt = has_sinks ? exp(sinks[row] - M) : 0.0f, A = 0.0f;
-  for (int w = 0; w < NW; w++) { Lt += wl[w]; A += wacc[w * D + d]; }
-  out[(long)row * D + d] = vq_cast(OT, A / Lt);
+float Lt = has_sinks ? exp(sinks[row] - M) : 0.0f;
+for (int w = 0; w < NW; w++) Lt += wl[w];
+if (ROT) {
+  for (int d = vq_tid; d < D; d += 32 * NW) { float A = 0.0f; for (int w = 0; w < NW; w++) A += wacc[w * D + d]; ac[d] = A; }
+  vq_barrier();
+  for (int d = vq_tid; d < D; d += 32 * NW) {     // (acc · Rᵀ)_d = sum_j acc_j R[d, j], plus the exact tokens' share
+    float A = 0.0f;
+    for (int j = 0; j < D; j++) A += ac[j] * rot[(long)d * D + j];
+    for (int w = 0; w < NW; w++) A += wex[w * D + d];
+    out[(long)row * D + d] = vq_cast(OT, A / Lt);
+  }
+} else {
+  for (int d = vq_tid; d < D; d += 32 * NW) {
+    float A = 0.0f;
+    for (int w = 0; w < NW; w++) A += wacc[w * D + d];
+    out[(long)row * D + d] = vq_cast(OT, A / Lt);
+  }
 }
 
 }

@@ -38,6 +38,11 @@ VQ_FN uint vq_byte_perm(uint a, uint b, uint s) {
 #define vq_exp2(x) exp2(x)
 #define vq_load1(p, i) (*((const device uint*)((p) + (i))))
 #define vq_mma16816(c, a, b0, b1, lane) vq_mma16816_emul(c, a, b0, b1, lane)
+#define vq_device_fence() atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device)
+#define vq_atomic_inc(p) atomic_fetch_add_explicit((device atomic_uint*)(p), 1u, memory_order_relaxed)
+#define vq_atomic_zero(p) atomic_store_explicit((device atomic_uint*)(p), 0u, memory_order_relaxed)
+#define vq_ld_cg(p) (*(p))
+#define vq_simd_sync() simdgroup_barrier(mem_flags::mem_threadgroup)
 
 VQ_FN void vq_mma16816_emul(VQ_THREAD float* c, VQ_THREAD const uint* a, uint b0, uint b1, uint lane) {
   const uint g = lane / 4, t = lane % 4;
@@ -64,25 +69,27 @@ const uint vq_lane = thread_index_in_simdgroup, vq_warp = simdgroup_index_in_thr
 const uint vq_tid = thread_position_in_threadgroup.x;
 const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup_position_in_grid.y;
 
-// pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, E, D];
-// sinks: [ROWS] float32 (read only when HS); template SCALE as the decode kernels. out: [ROWS, D] in OT.
-// One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
+// pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, ECAP, D], of which
+// the first E = eref_shape[0] tokens are read (a preallocated window buffer: ECAP >= E); sinks: [ROWS] float32 (read
+// only when HS); template SCALE as the decode kernels. ROT = 1: the chunk partials are in a rotated domain (acc = p·(v R)),
+// the exact keys/values and q are not; out = (acc_chunks · Rᵀ + acc_exact) / L with rot: [D, D] float32 (R, row-major).
+// out: [ROWS, D] in OT. One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
 constexpr int DPL = D / 32;
-VQ_SHARED float wl[NW], wacc[NW * D];
+VQ_SHARED float wl[NW], wacc[NW * D], wex[ROT ? NW * D : 1], ac[ROT ? D : 1];
 const int row = vq_group_x, kv = row / REP;
-const int E = ek_shape[2], has_sinks = HS;
+const int E = eref_shape[0], ecap = ek_shape[2], has_sinks = HS;
 const int ns = pm_shape[1];
 const float scale = vq_as_float(SCALE);
-float qv[DPL], acc[DPL];
+float qv[DPL], acc[DPL], acx[DPL];
 VQ_UNROLL
-for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; }
+for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; acx[k] = 0.0f; }
 float M = has_sinks ? sinks[row] : VQ_NEG_INF;        // pass 1: the global maximum (chunks, exact tokens, sink)
 for (int c = vq_lane; c < ns; c += 32) M = fmax(M, pm[(long)row * ns + c]);
 M = vq_simd_max(M);
 for (int e = 0; e < E; e++) {
   float s = 0.0f;
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * E + e) * D + vq_lane * DPL + k]);
+  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
   M = fmax(M, vq_simd_sum(s));
 }
 float L = 0.0f;                                       // pass 2: independent weights, split over the simdgroups
@@ -96,18 +103,34 @@ for (int c = vq_warp; c < ns; c += NW) {
 for (int e = vq_warp; e < E; e += NW) {
   float s = 0.0f;
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * E + e) * D + vq_lane * DPL + k]);
+  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
   const float w = exp(vq_simd_sum(s) - M);
   L += w;
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) acc[k] += w * vq_float(ev[((long)kv * E + e) * D + vq_lane * DPL + k]);
+  for (int k = 0; k < DPL; k++) acx[k] += w * vq_float(ev[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
 }
 if (vq_lane == 0) wl[vq_warp] = L;
 VQ_UNROLL
-for (int k = 0; k < DPL; k++) wacc[vq_warp * D + vq_lane * DPL + k] = acc[k];
+for (int k = 0; k < DPL; k++) {
+  if (ROT) { wacc[vq_warp * D + vq_lane * DPL + k] = acc[k]; wex[vq_warp * D + vq_lane * DPL + k] = acx[k]; }
+  else wacc[vq_warp * D + vq_lane * DPL + k] = acc[k] + acx[k];
+}
 vq_barrier();
-for (int d = vq_tid; d < D; d += 32 * NW) {
-  float Lt = has_sinks ? exp(sinks[row] - M) : 0.0f, A = 0.0f;
-  for (int w = 0; w < NW; w++) { Lt += wl[w]; A += wacc[w * D + d]; }
-  out[(long)row * D + d] = vq_cast(OT, A / Lt);
+float Lt = has_sinks ? exp(sinks[row] - M) : 0.0f;
+for (int w = 0; w < NW; w++) Lt += wl[w];
+if (ROT) {
+  for (int d = vq_tid; d < D; d += 32 * NW) { float A = 0.0f; for (int w = 0; w < NW; w++) A += wacc[w * D + d]; ac[d] = A; }
+  vq_barrier();
+  for (int d = vq_tid; d < D; d += 32 * NW) {     // (acc · Rᵀ)_d = sum_j acc_j R[d, j], plus the exact tokens' share
+    float A = 0.0f;
+    for (int j = 0; j < D; j++) A += ac[j] * rot[(long)d * D + j];
+    for (int w = 0; w < NW; w++) A += wex[w * D + d];
+    out[(long)row * D + d] = vq_cast(OT, A / Lt);
+  }
+} else {
+  for (int d = vq_tid; d < D; d += 32 * NW) {
+    float A = 0.0f;
+    for (int w = 0; w < NW; w++) A += wacc[w * D + d];
+    out[(long)row * D + d] = vq_cast(OT, A / Lt);
+  }
 }

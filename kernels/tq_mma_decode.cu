@@ -52,6 +52,11 @@ VQ_FN float2 vq_h2_float2(uint u) { return __half22float2(vq_h2_bits(u)); }
 #define vq_byte_perm(a, b, s) __byte_perm((a), (b), (s))
 #define vq_exp2(x) exp2f(x)
 #define vq_load1(p, i) (*reinterpret_cast<const uint*>((p) + (i)))
+#define vq_device_fence() __threadfence()
+#define vq_atomic_inc(p) atomicAdd((unsigned int*)(p), 1u)
+#define vq_atomic_zero(p) atomicExch((unsigned int*)(p), 0u)
+#define vq_ld_cg(p) __ldcg(p)
+#define vq_simd_sync() __syncwarp()
 VQ_FN void vq_mma16816(float* c, const uint* a, uint b0, uint b1, uint lane) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

@@ -317,17 +317,18 @@ def test_tq_decode_parity(B, Hkv, rep, D, n, kbits, vbits, E, sinks, emulate, dt
 
 @pytest.mark.gpu
 def test_tq_fused_decode_is_used_in_generation(tiny_model):
-    "turboquant's cache routes decode steps through `tq_fused_decode` on CUDA (and the result matches the reference path)."
+    "turboquant's cache routes decode steps through its fused kernels on CUDA (a prepared `gpu.DecodeStep`, `tq_fused_decode`'s launches)."
     import veloxquant as vq
+    import veloxquant.gpu as gpu
     calls = []
-    orig = turboquant.tq_fused_decode
+    orig = gpu.DecodeStep.__call__
     try:
-        turboquant.tq_fused_decode = lambda *a, **k: calls.append(1) or orig(*a, **k)
+        gpu.DecodeStep.__call__ = lambda *a, **k: calls.append(1) or orig(*a, **k)
         caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, window=0))  # no window: the 40 tokens become codes
         tiny_model(mx.array([[5] * 40]), cache=caches)
         mx.eval(tiny_model(mx.array([[7]]), cache=caches))
     finally:
-        turboquant.tq_fused_decode = orig
+        gpu.DecodeStep.__call__ = orig
     assert calls
 
 

@@ -33,9 +33,17 @@ class Codec:
     token_group: int = 1
     sequence_state: bool = False
     compilable: bool = False  # True: `scores`/`mix` are pure functions of (q, block arrays) and constant arrays (see "The compiled decode path")
+    decodes_exactly: bool | None = None  # True: scores = q·decode(block)ᵀ and mix = p·decode(block) (None: when they are Codec's own)
     def __init__(self, head_dim: int): self.head_dim = head_dim
     def encode(self, x: mx.array) -> dict[str, mx.array]: raise NotImplementedError
     def decode(self, block: dict[str, mx.array]) -> mx.array: raise NotImplementedError
+    def decode_as(self, block: dict[str, mx.array], dtype) -> mx.array:
+        "The block's decoded vectors [B, H, t, D] in `dtype` (the GPU prefill path attends to them with the fused SDPA)."
+        return self.decode(block).astype(dtype)
+    def attends_by_decoding(self) -> bool:
+        "Whether attending to `decode(block)` computes what `scores`/`mix` compute (`decodes_exactly`, else: not overridden)."
+        if self.decodes_exactly is not None: return bool(self.decodes_exactly)
+        return type(self).scores is Codec.scores and type(self).mix is Codec.mix
     def scores(self, q: mx.array, block: dict[str, mx.array]) -> mx.array:
         "q: float32 [B, Hkv, rep, L, D] → scores [B, Hkv, rep, L, t] = q · kᵀ for the block's t keys."
         k = mx.expand_dims(self.decode(block), 2)
@@ -161,6 +169,8 @@ class VQCache(_BaseCache):
     Keys/values arrive as [B, n_kv_heads, T, head_dim] (keys after RoPE). Decode steps that no fused kernel takes
     run through `compiled_decode_attention` where the codecs are `compilable` and `compiled_decode` says so (off by default)."""
     block_size = None  # tokens per history block; None: `block_tokens` (adapts to the number of queries)
+    window_buffer = True  # decode steps of float16 models write their token into a preallocated fp16 window (see "The decode step")
+    decoded_prefill = None  # prefill chunks over codes attend to the decoded history with the fused SDPA: True, None = on GPU back-ends, False = never
     compiled_decode = False  # decode steps through `compiled_decode_attention`: True = always, None = on GPU back-ends only, False = never (default: not yet faster, see the notebook)
     attends_itself = True  # the dispatcher's protocol: mlx-lm's attention call goes to `attend`
 
@@ -176,8 +186,51 @@ class VQCache(_BaseCache):
         self.offset, self.dims = 0, None
         self.k_codec = self.v_codec = None
         self.k_store, self.v_store = TokenStore(), TokenStore()
-        self.k_exact = self.v_exact = None  # fp16 window [B, H, w, D]
+        self._xk = self._xv = None; self._xkn = self._xvn = 0; self._xbuf = False  # fp16 window (see `k_exact`)
         self.pending = None                # current step's exact (keys, values) in the model dtype
+        self._in_window = False            # this step's tokens were written into the window buffer (not `pending`)
+        self._fused_memo = (None, None)    # (fused_decode, its function for these codecs)
+
+    # -- the fp16 window: a plain array, or a preallocated buffer [B, H, cap, D] of which the first tokens count ---------
+    @property
+    def k_exact(self):
+        "The fp16 window's keys [B, H, w, D] (None when empty)."
+        if self._xk is None: return None
+        return self._xk[:, :, :self._xkn] if self._xbuf else self._xk
+    @k_exact.setter
+    def k_exact(self, a): self._xk, self._xkn, self._xbuf = a, (0 if a is None else a.shape[2]), False
+    @property
+    def v_exact(self):
+        "The fp16 window's values [B, H, w, Dv] (None when empty)."
+        if self._xv is None: return None
+        return self._xv[:, :, :self._xvn] if self._xbuf else self._xv
+    @v_exact.setter
+    def v_exact(self, a): self._xv, self._xvn, self._xbuf = a, (0 if a is None else a.shape[2]), False
+
+    def _window_write(self, keys, values):
+        """Write a decode step's float16 keys/values [B, H, T, D] after the window's tokens, in place into a preallocated
+        buffer of 2·window + 8 tokens (allocated, with the current window copied in, only after the window changed
+        otherwise: a compaction, a trim, a load)."""
+        T, e = keys.shape[2], self._xkn
+        if not self._xbuf or self._xk.shape[2] < e + T:
+            cap = max(2 * self.window + 8, e + T)
+            nk = mx.zeros((*keys.shape[:2], cap, keys.shape[3]), mx.float16)
+            nv = mx.zeros((*values.shape[:2], cap, values.shape[3]), mx.float16)
+            if e: nk[:, :, :e] = self.k_exact; nv[:, :, :e] = self.v_exact
+            self._xk, self._xv, self._xbuf = nk, nv, True
+        self._xk[:, :, e:e + T] = keys; self._xv[:, :, e:e + T] = values
+        self._xkn = self._xvn = e + T
+
+    def _fused(self):
+        "`fused_decode(key_codec, value_codec)`, asked once per codec pair and `fused_decode` (it runs its support checks)."
+        f, fn = self._fused_memo
+        if f is not self.fused_decode or fn is None:
+            fn = self.fused_decode(self.k_codec, self.v_codec) if self.fused_decode is not None else None
+            if fn is not None and not callable(fn):
+                raise ValueError(f"fused_decode(key_codec, value_codec) must return a function or None, got {type(fn).__name__}")
+            self._fused_memo = (self.fused_decode, fn if fn is not None else False)
+            return fn
+        return fn or None
 
     # -- codecs ---------------------------------------------------------------------------------
     def _ensure_codecs(self, kd: int, vd: int):
@@ -198,8 +251,13 @@ class VQCache(_BaseCache):
         self._ensure_codecs(keys.shape[-1], values.shape[-1])
         if self.pending is not None:  # attention was never called for the previous step
             self._flush()
+        self._in_window = False
         if self.window: self._compact()  # encode the blocks that left the window (decided now: see `trim`)
-        self.pending = (keys, values)
+        if (self.window and self.window_buffer and keys.shape[2] == 1 and keys.dtype == mx.float16
+                and values.dtype == mx.float16 and self.offset >= self.sinks):
+            self._window_write(keys, values); self._in_window = True  # a decode step: straight into the window
+        else:
+            self.pending = (keys, values)
         self.offset += keys.shape[2]
         return keys, values
 
@@ -213,7 +271,7 @@ class VQCache(_BaseCache):
         for name, a in (("keys", keys), ("values", values)):
             if not mx.issubdtype(a.dtype, mx.floating):
                 raise ValueError(f"{name} dtype must be floating (float16, bfloat16 or float32), got {a.dtype}")
-        ref = self.pending[0] if self.pending is not None else self.k_exact
+        ref = self.pending[0] if self.pending is not None else self._xk
         if ref is None and self.k_store.arrays: ref = next(iter(self.k_store.arrays.values()))
         if ref is None: ref = self.k_sink
         if ref is not None and tuple(ref.shape[:2]) != tuple(keys.shape[:2]):
@@ -266,29 +324,43 @@ class VQCache(_BaseCache):
 
     def _compact(self):
         "Encode (from their fp16 values, in one call) the exact tokens `code_target` says are old enough."
-        if self.k_exact is None: return
-        n, e = self.k_store.length, self.k_exact.shape[2]
+        if self._xk is None or self._xkn == 0: return
+        n, e = self.k_store.length, self._xkn
         cut = self.code_target(n + e) - n
         if cut <= 0: return
         self._encode_append(self.k_exact[:, :, :cut], self.v_exact[:, :, :cut])
         self.k_exact, self.v_exact = (self.k_exact[:, :, cut:], self.v_exact[:, :, cut:]) if e > cut else (None, None)
 
     def attend(self, queries, keys, values, scale, mask, sinks=None):
-        "Attention of `queries` [B, Hq, L, D] over the whole cache; see `veloxquant.attention.blockwise_attention`."
-        ek, ev = keys, values
-        if self.k_exact is not None:
-            ek = mx.concatenate([self.k_exact.astype(keys.dtype), keys], axis=2)
-            ev = mx.concatenate([self.v_exact.astype(values.dtype), values], axis=2)
-        sk = None if self.k_sink is None else (self.k_sink.astype(keys.dtype), self.v_sink.astype(values.dtype))
+        """Attention of `queries` [B, Hq, L, D] over the whole cache; see `veloxquant.attention.blockwise_attention`.
+        A decode step whose token went into the window buffer goes to the fused kernel with that buffer as it is
+        (no concatenation); prefill chunks over codes attend to the decoded history where `decoded_prefill` says so."""
+        in_window = self._in_window  # reset by the next update_and_fetch (attending twice to one state gives one answer)
+        if in_window and self.k_sink is None and self.k_store.length and queries.shape[2] == 1 and (mask is None or isinstance(mask, str)):
+            fused = self._fused()
+            if fused is not None and getattr(fused, "takes_buffer", False):
+                out = fused(queries, self.k_store.arrays, self.v_store.arrays, self.k_store.length, self._xk, self._xv,
+                            scale, sinks, n_exact=self._xkn)
+                if out is not None:
+                    if not (isinstance(out, mx.array) and out.shape == queries.shape):
+                        raise ValueError(f"fused_decode returned {getattr(out, 'shape', type(out).__name__)}; expected an array shaped like the queries {tuple(queries.shape)}")
+                    return out
+        if in_window:  # the step's tokens are already the window's last ones
+            ek, ev = self.k_exact, self.v_exact
+            keys, values = keys[:, :, :0], values[:, :, :0]  # nothing pending beyond the window (the compiled path appends these)
+        else:
+            ek, ev = keys, values
+            if self.k_exact is not None:
+                ek = mx.concatenate([self.k_exact.astype(keys.dtype), keys], axis=2)
+                ev = mx.concatenate([self.v_exact.astype(values.dtype), values], axis=2)
+        sk = None if self.k_sink is None else (self.k_sink.astype(ek.dtype), self.v_sink.astype(ev.dtype))
         if self.k_store.length == 0:  # nothing compressed yet (first prefill chunk): all keys are exact
             if sk: ek, ev = mx.concatenate([sk[0], ek], axis=2), mx.concatenate([sk[1], ev], axis=2)
             out = mx.fast.scaled_dot_product_attention(queries, ek.astype(queries.dtype), ev.astype(queries.dtype),
                                                        scale=scale, mask=mask, sinks=sinks)
         else:
             n = self.k_store.length
-            fused = self.fused_decode(self.k_codec, self.v_codec) if self.fused_decode is not None else None
-            if fused is not None and not callable(fused):
-                raise ValueError(f"fused_decode(key_codec, value_codec) must return a function or None, got {type(fused).__name__}")
+            fused = self._fused()
             out = None
             if fused is not None and queries.shape[2] == 1 and (mask is None or isinstance(mask, str)):
                 fk, fv = ek, ev
@@ -302,6 +374,8 @@ class VQCache(_BaseCache):
                                      f"{getattr(out, 'dtype', '')}; expected a floating array shaped like the queries {tuple(queries.shape)}")
             if out is None and queries.shape[2] == 1 and (mask is None or isinstance(mask, str)) and self._use_compiled():
                 out = compiled_decode_attention(self, queries, keys, values, scale, sinks)  # None: not for these codecs
+            if out is None and queries.shape[2] > 1 and self._use_decoded_prefill():
+                out = self._attend_decoded(queries, n, ek, ev, sk, scale, mask, sinks)
             if out is None:
                 blocks = self._blocks(self.block_size or block_tokens(queries.shape[2], queries.shape[1]))
                 if sk:  # the sink tokens come first in position order: one exact block before the codes
@@ -309,6 +383,38 @@ class VQCache(_BaseCache):
                 out = blockwise_attention(queries, self.n_sink + n, blocks, ek, ev, scale, mask, sinks)
         if self.pending is not None: self._flush()
         return out
+
+    def _use_decoded_prefill(self) -> bool:
+        "Whether chunks of several queries attend to the decoded history (`decoded_prefill`; auto: a GPU back-end) — codecs permitting."
+        on = gpu.backend() is not None if self.decoded_prefill is None else bool(self.decoded_prefill)
+        return on and self.k_codec.attends_by_decoding() and self.v_codec.attends_by_decoding()
+
+    prefill_score_budget = 1 << 31  # bytes of fp32 scores one fused-SDPA call of the decoded prefill may imply (query blocks beyond it)
+
+    def _attend_decoded(self, queries, n, ek, ev, sk, scale, mask, sinks):
+        """A prefill chunk's attention over the whole cache through `mx.fast.scaled_dot_product_attention`: the `n` codes
+        decoded (`Codec.decode_as`, in the queries' dtype, one layer at a time: a transient the size of this layer's
+        history in fp16, freed after the call), then the sinks, codes, window and chunk in position order. The same
+        attention as the blockwise path over `scores`/`mix` (`attends_by_decoding`), in the fused kernel's precision.
+        Queries go in blocks when the chunk's scores would exceed `prefill_score_budget` bytes (bounding the transient)."""
+        dt = queries.dtype
+        ks = [self.k_codec.decode_as(self.k_store.slice(0, n), dt), ek.astype(dt)]
+        vs = [self.v_codec.decode_as(self.v_store.slice(0, n), dt), ev.astype(dt)]
+        if sk: ks.insert(0, sk[0].astype(dt)); vs.insert(0, sk[1].astype(dt))
+        K, V = mx.concatenate(ks, axis=2), mx.concatenate(vs, axis=2)
+        B, Hq, L, _ = queries.shape; S = K.shape[2]
+        if isinstance(mask, str) and mask != "causal": raise ValueError(f"mask={mask!r}: allowed string masks: ['causal']")
+        if mask is not None and not isinstance(mask, str) and (mask.shape[-1] != S or mask.shape[-2] != L):
+            raise ValueError(f"mask shape {mask.shape} does not match {L} queries over {S} keys")
+        step = max(1, self.prefill_score_budget // max(1, 4 * B * Hq * S))
+        if step >= L:
+            return mx.fast.scaled_dot_product_attention(queries, K, V, scale=scale, mask=mask, sinks=sinks)
+        outs = []
+        for q0 in range(0, L, step):  # queries [q0, q1) are positions S - L + q0 ..: with "causal", keys up to S - L + q1
+            q1 = min(L, q0 + step); hi = S - L + q1 if isinstance(mask, str) else S
+            m = mask if mask is None or isinstance(mask, str) else mask[..., q0:q1, :]
+            outs.append(mx.fast.scaled_dot_product_attention(queries[:, :, q0:q1], K[:, :, :hi], V[:, :, :hi], scale=scale, mask=m, sinks=sinks))
+        return mx.concatenate(outs, axis=2)
 
     def _use_compiled(self) -> bool:
         "Whether decode steps without a fused kernel take the compiled path (`compiled_decode`; auto: a GPU back-end)."
@@ -387,7 +493,7 @@ class VQCache(_BaseCache):
     def nbytes(self) -> int:
         "Resident bytes of everything stored: codes (with allocated headroom), fp16 window and sinks, pending tokens."
         n = self.k_store.nbytes + self.v_store.nbytes
-        for a in (self.k_exact, self.v_exact, self.k_sink, self.v_sink, *(self.pending or ())):
+        for a in (self._xk, self._xv, self.k_sink, self.v_sink, *(self.pending or ())):  # the window buffer with its headroom
             if a is not None: n += a.nbytes
         return n
 

@@ -11,10 +11,12 @@ import mlx.core as mx
 
 # %% auto #0
 __all__ = ['COMPAT_METAL', 'PROLOGUE_METAL', 'COMPAT_CUDA', 'VQ_MMA_EMUL', 'PROLOGUE_CUDA', 'FAILED', 'DECODE_PARTIAL_OUTPUTS',
-           'DECODE_WARPS', 'MERGE_WARPS', 'DECODE_TARGET_GROUPS', 'MMA_WARPS', 'MMA_TARGET_GROUPS', 'MMA_TOKENS',
-           'KERNELS', 'DECODE_MERGE_BODY', 'DECODE_MERGE_INPUTS', 'DECODE_MERGE_CU_TYPES', 'backend', 'KernelFailed',
+           'DECODE_FINISH', 'DECODE_FINISH_INPUTS', 'DECODE_FINISH_CU_TYPES', 'FUSED_DECODE', 'DECODE_WARPS',
+           'MERGE_WARPS', 'DECODE_TARGET_GROUPS', 'MMA_WARPS', 'MMA_TARGET_GROUPS', 'MMA_TOKENS', 'KERNELS',
+           'DECODE_MERGE_BODY', 'DECODE_MERGE_INPUTS', 'DECODE_MERGE_CU_TYPES', 'backend', 'KernelFailed',
            'inject_failure', 'GuardedKernel', 'kernel_failed', 'decode_split', 'cuda_source', 'metal_source',
-           'register_kernel', 'all_kernels', 'kernel_files', 'write_kernel_files', 'nvcc_check', 'nvcc_check_all']
+           'register_kernel', 'all_kernels', 'kernel_files', 'write_kernel_files', 'nvcc_check', 'nvcc_check_all',
+           'DecodeStep']
 
 # %% ../nbs/03b_gpu.ipynb #09d336b4
 COMPAT_METAL = r"""
@@ -56,6 +58,11 @@ VQ_FN uint vq_byte_perm(uint a, uint b, uint s) {
 #define vq_exp2(x) exp2(x)
 #define vq_load1(p, i) (*((const device uint*)((p) + (i))))
 #define vq_mma16816(c, a, b0, b1, lane) vq_mma16816_emul(c, a, b0, b1, lane)
+#define vq_device_fence() atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device)
+#define vq_atomic_inc(p) atomic_fetch_add_explicit((device atomic_uint*)(p), 1u, memory_order_relaxed)
+#define vq_atomic_zero(p) atomic_store_explicit((device atomic_uint*)(p), 0u, memory_order_relaxed)
+#define vq_ld_cg(p) (*(p))
+#define vq_simd_sync() simdgroup_barrier(mem_flags::mem_threadgroup)
 """
 
 PROLOGUE_METAL = """const uint vq_lane = thread_index_in_simdgroup, vq_warp = simdgroup_index_in_threadgroup;
@@ -114,6 +121,11 @@ VQ_FN float2 vq_h2_float2(uint u) { return __half22float2(vq_h2_bits(u)); }
 #define vq_byte_perm(a, b, s) __byte_perm((a), (b), (s))
 #define vq_exp2(x) exp2f(x)
 #define vq_load1(p, i) (*reinterpret_cast<const uint*>((p) + (i)))
+#define vq_device_fence() __threadfence()
+#define vq_atomic_inc(p) atomicAdd((unsigned int*)(p), 1u)
+#define vq_atomic_zero(p) atomicExch((unsigned int*)(p), 0u)
+#define vq_ld_cg(p) __ldcg(p)
+#define vq_simd_sync() __syncwarp()
 VQ_FN void vq_mma16816(float* c, const uint* a, uint b0, uint b1, uint lane) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -261,6 +273,91 @@ for (int i = vq_tid; i < REP * D; i += 32 * NW) {
 
 DECODE_PARTIAL_OUTPUTS = ["out_m", "out_l", "out_acc"]  # what a decode kernel writes per chunk (as `_MMA_CHUNK_TAIL` does) and the merge reads
 
+DECODE_FINISH = r"""
+// One dispatch for a whole decode step, appended after a chunk tail: the last threadgroup of this (batch, kv head) bh
+// to write its partials merges all NS chunks of its REP rows with the E = eref_shape[0] exact tokens of ek / ev
+// [BH, ECAP, D] (scored with the unrotated queries xq [ROWS, D], model dtype), the sink logits [ROWS] (HS) and, with
+// ROT, the value rotation: the chunks' acc are then rotated (p·(v R)) and rott [D, D] float32 holds Rᵀ row-major.
+// cnt [BH] uint32 (an input the kernel writes) is zero before and after: the last threadgroup resets it.
+// out: [ROWS, D] in OT. The partials are read back past L1 (vq_ld_cg) after a device-scope fence.
+VQ_SHARED int f_last[1];
+VQ_SHARED float f_rot[ROT ? NW * D : 1];
+vq_device_fence();
+vq_barrier();
+if (vq_tid == 0) f_last[0] = vq_atomic_inc(cnt + bh) == (uint)(ns - 1);
+vq_barrier();
+if (f_last[0]) {
+  vq_device_fence();
+  constexpr int FDPL = D / 32;
+  const int f_E = eref_shape[0], f_cap = ek_shape[2];
+  const float f_sc = vq_as_float(SCALE);
+  for (int r = vq_warp; r < REP; r += NW) {   // one simdgroup per query row; lanes own D/32 channels
+    const long qrow = (long)bh * REP + r;
+    float qv[FDPL], ax[FDPL], ac[FDPL];
+    VQ_UNROLL
+    for (int k = 0; k < FDPL; k++) { qv[k] = vq_float(xq[qrow * D + vq_lane * FDPL + k]) * f_sc; ax[k] = 0.0f; ac[k] = 0.0f; }
+    float M = HS ? sinks[qrow] : VQ_NEG_INF;
+    for (int c = vq_lane; c < ns; c += 32) M = fmax(M, vq_ld_cg(out_m + qrow * ns + c));
+    M = vq_simd_max(M);
+    float L = 0.0f;
+    for (int c = 0; c < ns; c++) {
+      const float w = exp(vq_ld_cg(out_m + qrow * ns + c) - M);
+      L += vq_ld_cg(out_l + qrow * ns + c) * w;
+      VQ_UNROLL
+      for (int k = 0; k < FDPL; k++) ac[k] += vq_ld_cg(out_acc + (qrow * ns + c) * D + vq_lane * FDPL + k) * w;
+    }
+    for (int e = 0; e < f_E; e++) {                // the exact tokens, with a running maximum (one pass)
+      const long o_ = ((long)bh * f_cap + e) * D + vq_lane * FDPL;
+      float s = 0.0f;
+      VQ_UNROLL
+      for (int k = 0; k < FDPL; k++) s += qv[k] * vq_float(ek[o_ + k]);
+      s = vq_simd_sum(s);
+      if (s > M) {
+        const float c = exp(M - s);
+        L *= c;
+        VQ_UNROLL
+        for (int k = 0; k < FDPL; k++) { ax[k] *= c; ac[k] *= c; }
+        M = s;
+      }
+      const float w = exp(s - M);
+      L += w;
+      VQ_UNROLL
+      for (int k = 0; k < FDPL; k++) ax[k] += w * vq_float(ev[o_ + k]);
+    }
+    if (HS) L += exp(sinks[qrow] - M);
+    const float inv = 1.0f / L;
+    if (ROT) {
+      VQ_UNROLL
+      for (int k = 0; k < FDPL; k++) f_rot[vq_warp * D + vq_lane * FDPL + k] = ac[k];
+      vq_simd_sync();
+      for (int j = 0; j < D; j++) {
+        const float x = f_rot[vq_warp * D + j];
+        VQ_UNROLL
+        for (int k = 0; k < FDPL; k++) ax[k] += x * rott[(long)j * D + vq_lane * FDPL + k];
+      }
+      vq_simd_sync();
+      VQ_UNROLL
+      for (int k = 0; k < FDPL; k++) out[qrow * D + vq_lane * FDPL + k] = vq_cast(OT, ax[k] * inv);
+    } else {
+      VQ_UNROLL
+      for (int k = 0; k < FDPL; k++) out[qrow * D + vq_lane * FDPL + k] = vq_cast(OT, (ac[k] + ax[k]) * inv);
+    }
+  }
+  if (vq_tid == 0) vq_atomic_zero(cnt + bh);
+}
+"""
+DECODE_FINISH_INPUTS = ["xq", "ek", "ev", "eref", "sinks", "rott", "cnt"]  # appended to a decode kernel's inputs
+DECODE_FINISH_CU_TYPES = [("xq", "OT"), ("ek", "OT"), ("ev", "OT"), ("eref", "uint8"), ("sinks", "float32"), ("rott", "float32"), ("cnt", "uint32")]
+FUSED_DECODE = False  # True: decode steps through the caches launch partials + merge as one dispatch (DECODE_FINISH). Off: see below
+
+def _finish_inputs(queries, ek, ev, n_exact, sinks, rott, cnt):
+    "The inputs `DECODE_FINISH` appends: queries, exact K/V, their valid length as a shape, sink logits per row, Rᵀ, the counter."
+    rows = queries.shape[0] * queries.shape[1]
+    if sinks is None: sk = _no_sinks()
+    else:
+        Hq = sinks.shape[0]; sk = mx.broadcast_to(sinks.astype(mx.float32).reshape(1, Hq), (rows // Hq, Hq)).reshape(rows)
+    return [queries, ek, ev, _nref(ek.shape[2] if n_exact is None else n_exact), sk, _no_sinks() if rott is None else rott, cnt]
+
 # %% ../nbs/03b_gpu.ipynb #9b0ebd43
 DECODE_WARPS = 4          # simdgroups per threadgroup of the scalar decode kernel
 MERGE_WARPS = 4           # simdgroups per row of the merge kernel
@@ -299,9 +396,16 @@ def _const_zeros():
 def _length_buffer(size: int):
     z = mx.zeros((size,), mx.uint8); mx.eval(z); return z
 
+_NREFS: dict = {}
+
 def _nref(n: int) -> mx.array:
-    "An array of shape [n] whose contents are never read: a prefix view of a cached buffer (no host upload, no copy)."
-    return _length_buffer(1 << max(10, (n - 1).bit_length()))[:n]
+    """An array of shape [n] whose contents are never read: a prefix view of a cached buffer (no host upload, no copy).
+    The views are kept (up to 1024 lengths): once a step has evaluated one, later steps reuse it as a leaf, no graph node."""
+    a = _NREFS.get(n)
+    if a is None:
+        if len(_NREFS) >= 1024: _NREFS.clear()
+        a = _NREFS[n] = _length_buffer(1 << max(10, (n - 1).bit_length()))[:n]
+    return a
 
 def _check_step(queries, keys, values, n: int, k: dict, code: str):
     "Shapes of a decode step: queries [B, Hq, 1, D], exact keys/values [B, Hkv, E, D] with Hkv | Hq, 1 ≤ n ≤ capacity of `k[code]`."
@@ -392,25 +496,27 @@ def nvcc_check_all(arch: str = "sm_90") -> list[str]:
 
 # %% ../nbs/03b_gpu.ipynb #83f2d776
 DECODE_MERGE_BODY = r"""
-// pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, E, D];
-// sinks: [ROWS] float32 (read only when HS); template SCALE as the decode kernels. out: [ROWS, D] in OT.
-// One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
+// pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, ECAP, D], of which
+// the first E = eref_shape[0] tokens are read (a preallocated window buffer: ECAP >= E); sinks: [ROWS] float32 (read
+// only when HS); template SCALE as the decode kernels. ROT = 1: the chunk partials are in a rotated domain (acc = p·(v R)),
+// the exact keys/values and q are not; out = (acc_chunks · Rᵀ + acc_exact) / L with rot: [D, D] float32 (R, row-major).
+// out: [ROWS, D] in OT. One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
 constexpr int DPL = D / 32;
-VQ_SHARED float wl[NW], wacc[NW * D];
+VQ_SHARED float wl[NW], wacc[NW * D], wex[ROT ? NW * D : 1], ac[ROT ? D : 1];
 const int row = vq_group_x, kv = row / REP;
-const int E = ek_shape[2], has_sinks = HS;
+const int E = eref_shape[0], ecap = ek_shape[2], has_sinks = HS;
 const int ns = pm_shape[1];
 const float scale = vq_as_float(SCALE);
-float qv[DPL], acc[DPL];
+float qv[DPL], acc[DPL], acx[DPL];
 VQ_UNROLL
-for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; }
+for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; acx[k] = 0.0f; }
 float M = has_sinks ? sinks[row] : VQ_NEG_INF;        // pass 1: the global maximum (chunks, exact tokens, sink)
 for (int c = vq_lane; c < ns; c += 32) M = fmax(M, pm[(long)row * ns + c]);
 M = vq_simd_max(M);
 for (int e = 0; e < E; e++) {
   float s = 0.0f;
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * E + e) * D + vq_lane * DPL + k]);
+  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
   M = fmax(M, vq_simd_sum(s));
 }
 float L = 0.0f;                                       // pass 2: independent weights, split over the simdgroups
@@ -424,45 +530,108 @@ for (int c = vq_warp; c < ns; c += NW) {
 for (int e = vq_warp; e < E; e += NW) {
   float s = 0.0f;
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * E + e) * D + vq_lane * DPL + k]);
+  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
   const float w = exp(vq_simd_sum(s) - M);
   L += w;
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) acc[k] += w * vq_float(ev[((long)kv * E + e) * D + vq_lane * DPL + k]);
+  for (int k = 0; k < DPL; k++) acx[k] += w * vq_float(ev[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
 }
 if (vq_lane == 0) wl[vq_warp] = L;
 VQ_UNROLL
-for (int k = 0; k < DPL; k++) wacc[vq_warp * D + vq_lane * DPL + k] = acc[k];
+for (int k = 0; k < DPL; k++) {
+  if (ROT) { wacc[vq_warp * D + vq_lane * DPL + k] = acc[k]; wex[vq_warp * D + vq_lane * DPL + k] = acx[k]; }
+  else wacc[vq_warp * D + vq_lane * DPL + k] = acc[k] + acx[k];
+}
 vq_barrier();
-for (int d = vq_tid; d < D; d += 32 * NW) {
-  float Lt = has_sinks ? exp(sinks[row] - M) : 0.0f, A = 0.0f;
-  for (int w = 0; w < NW; w++) { Lt += wl[w]; A += wacc[w * D + d]; }
-  out[(long)row * D + d] = vq_cast(OT, A / Lt);
+float Lt = has_sinks ? exp(sinks[row] - M) : 0.0f;
+for (int w = 0; w < NW; w++) Lt += wl[w];
+if (ROT) {
+  for (int d = vq_tid; d < D; d += 32 * NW) { float A = 0.0f; for (int w = 0; w < NW; w++) A += wacc[w * D + d]; ac[d] = A; }
+  vq_barrier();
+  for (int d = vq_tid; d < D; d += 32 * NW) {     // (acc · Rᵀ)_d = sum_j acc_j R[d, j], plus the exact tokens' share
+    float A = 0.0f;
+    for (int j = 0; j < D; j++) A += ac[j] * rot[(long)d * D + j];
+    for (int w = 0; w < NW; w++) A += wex[w * D + d];
+    out[(long)row * D + d] = vq_cast(OT, A / Lt);
+  }
+} else {
+  for (int d = vq_tid; d < D; d += 32 * NW) {
+    float A = 0.0f;
+    for (int w = 0; w < NW; w++) A += wacc[w * D + d];
+    out[(long)row * D + d] = vq_cast(OT, A / Lt);
+  }
 }
 """
-DECODE_MERGE_INPUTS = ["pm", "pl", "pacc", "q", "ek", "ev", "sinks"]
+DECODE_MERGE_INPUTS = ["pm", "pl", "pacc", "q", "ek", "ev", "sinks", "eref", "rot"]
 
-def _merge_partials(m, l, acc, q2, ek, ev, sinks, scale: float, rep: int, merge_warps: int, out_dtype):
+def _merge_partials(m, l, acc, q2, ek, ev, sinks, scale: float, rep: int, merge_warps: int, out_dtype,
+                    n_exact: int | None = None, rot=None, out_shape=None):
     """The second dispatch of a decode step (`DECODE_MERGE_BODY`): chunk partials `m`, `l` [ROWS, NS], `acc` [ROWS, NS, D]
-    with the queries `q2` [ROWS, D], the exact keys/values `ek`, `ev` [B, Hkv, E, D] (dtype `out_dtype`) and optional sink
-    logits [Hq]; returns [ROWS, D] in `out_dtype`."""
-    rows, D = q2.shape
+    with the queries `q2` [ROWS, D] (or any row-contiguous array of ROWS·D elements, e.g. [B, Hq, 1, D]), the exact
+    keys/values `ek`, `ev` [B, Hkv, ECAP, D] of which the first `n_exact` (default ECAP) tokens count, optional sink
+    logits [Hq] and, when the partials were accumulated in a rotated domain, the float32 rotation `rot` [D, D] to
+    undo (`out = acc·rotᵀ`; the exact tokens and `q2` stay unrotated). Returns [ROWS, D] (or `out_shape`) in `out_dtype`."""
+    rows, D = l.shape[0], acc.shape[-1]
     Hq = sinks.shape[0] if sinks is not None else 0
     sk = (mx.broadcast_to(sinks.astype(mx.float32).reshape(1, Hq), (rows // Hq, Hq)).reshape(rows) if sinks is not None else _no_sinks())
     kern = _kernel("vq_decode_merge", DECODE_MERGE_BODY, tuple(DECODE_MERGE_INPUTS), ("out",), backend())
-    (out,) = kern(inputs=[m, l, acc, q2, ek, ev, sk],
+    (out,) = kern(inputs=[m, l, acc, q2, ek, ev, sk, _nref(ek.shape[2] if n_exact is None else n_exact),
+                          _no_sinks() if rot is None else rot],
                   template=[("D", D), ("REP", rep), ("NW", merge_warps), ("OT", out_dtype), ("HS", int(sinks is not None)),
-                            ("SCALE", _float_bits(scale))],
+                            ("ROT", int(rot is not None)), ("SCALE", _float_bits(scale))],
                   grid=(32 * merge_warps * rows, 1, 1), threadgroup=(32 * merge_warps, 1, 1),
-                  output_shapes=[(rows, D)], output_dtypes=[out_dtype])
+                  output_shapes=[out_shape or (rows, D)], output_dtypes=[out_dtype])
     return out
 
+class DecodeStep:
+    """The launches of one decode step for one cache layout, prepared once (kernel objects, templates, grids; no
+    per-step checks): the chunk-partials kernel `vq_<name>` (`body`, its `inputs` ending with `nref`, template `tmpl`
+    without SPLIT/SCALE, `warps` simdgroups, chunks from `decode_split` aiming at `target` threadgroups) and then either
+    the merge (`DECODE_MERGE_BODY`) or, with `fused` (and `FUSED_DECODE`), the same body with `DECODE_FINISH` appended:
+    the whole step in one dispatch. `rot`: the value rotation R [D, D] when the partials are rotated (turboquant); `hs`:
+    sink logits are given. Queries [B, Hq, 1, D] go in as they are (row-contiguous); exact K/V may be a window buffer with
+    `n_exact` valid tokens. A call picks the chunk size for `n` (memoised) and launches; returns [B, Hq, 1, D]."""
+    def __init__(self, name, body, inputs, tmpl, B, Hq, Hkv, D, dtype, scale, warps, target=None, fused=False, rot=None, hs=False):
+        be, f32 = backend(), mx.float32
+        self.B, self.Hkv, self.rep, self.D, self.rows, self.dtype, self.scale = B, Hkv, Hq // Hkv, D, B * Hq, dtype, scale
+        self.tmpl, self.warps, self.target, self.tg, self.oshape = list(tmpl), warps, target, (32 * warps, 1, 1), (B, Hq, 1, D)
+        self.kern = _kernel(f"vq_{name}", body, tuple(inputs), tuple(DECODE_PARTIAL_OUTPUTS), be)
+        self.fused, self.hs = bool(fused and FUSED_DECODE), hs
+        self.rot = None if rot is None else mx.contiguous(rot.astype(f32))
+        self.rott = None if rot is None else mx.contiguous(rot.astype(f32).T)
+        if self.fused:
+            self.fkern = _kernel(f"vq_{name}_fused", body + DECODE_FINISH, tuple(inputs) + tuple(DECODE_FINISH_INPUTS),
+                                 tuple(DECODE_PARTIAL_OUTPUTS) + ("out",), be)
+            self.cnt = mx.zeros((B * Hkv,), mx.uint32)  # the arrival counters (reset to zero by each step's last threadgroup)
+        mx.eval(*[a for a in (self.rot, self.rott, getattr(self, "cnt", None)) if a is not None])
+        self.per_n = {}
+
+    def _launch(self, n):
+        split = decode_split(n, self.B * self.Hkv, self.target, warps=self.warps); ns = -(-n // split)
+        tmpl = self.tmpl + [("SPLIT", split), ("SCALE", _float_bits(self.scale))]
+        if self.fused: tmpl += [("HS", int(self.hs)), ("ROT", int(self.rot is not None)), ("OT", self.dtype)]
+        if len(self.per_n) > 256: self.per_n.clear()
+        p = self.per_n[n] = (tmpl, (32 * self.warps * ns, self.B * self.Hkv, 1), [(self.rows, ns), (self.rows, ns), (self.rows, ns, self.D)])
+        return p
+
+    def __call__(self, inputs, n, queries, ek, ev, sinks=None, n_exact=None):
+        tmpl, grid, shapes = self.per_n.get(n) or self._launch(n)
+        if self.fused:
+            return self.fkern(inputs=inputs + [_nref(n)] + _finish_inputs(queries, ek, ev, n_exact, sinks, self.rott, self.cnt),
+                              template=tmpl, grid=grid, threadgroup=self.tg, output_shapes=shapes + [self.oshape],
+                              output_dtypes=[mx.float32, mx.float32, mx.float32, self.dtype])[3]
+        m, l, acc = self.kern(inputs=inputs + [_nref(n)], template=tmpl, grid=grid, threadgroup=self.tg, output_shapes=shapes,
+                              output_dtypes=[mx.float32, mx.float32, mx.float32])
+        return _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, MERGE_WARPS, self.dtype, n_exact,
+                               rot=self.rot, out_shape=self.oshape)
+
 DECODE_MERGE_CU_TYPES = dict(inputs=[("pm", "float32"), ("pl", "float32"), ("pacc", "float32"), ("q", "OT"),
-                                     ("ek", "OT"), ("ev", "OT"), ("sinks", "float32")],
+                                     ("ek", "OT"), ("ev", "OT"), ("sinks", "float32"), ("eref", "uint8"), ("rot", "float32")],
                              outputs=[("out", "OT")])
-register_kernel("decode_merge", DECODE_MERGE_BODY, DECODE_MERGE_CU_TYPES, dict(D=128, REP=4, NW=4, OT="float16", HS=0, SCALE=_float_bits(128 ** -0.5)),
-                [dict(D=64, REP=3, NW=2, OT="float32", HS=1, SCALE=_float_bits(0.125)),
-                 dict(D=128, REP=8, NW=8, OT="bfloat16", HS=1, SCALE=_float_bits(1.0))])
+register_kernel("decode_merge", DECODE_MERGE_BODY, DECODE_MERGE_CU_TYPES, dict(D=128, REP=4, NW=4, OT="float16", HS=0, ROT=0, SCALE=_float_bits(128 ** -0.5)),
+                [dict(D=64, REP=3, NW=2, OT="float32", HS=1, ROT=1, SCALE=_float_bits(0.125)),
+                 dict(D=128, REP=8, NW=8, OT="bfloat16", HS=1, ROT=0, SCALE=_float_bits(1.0)),
+                 dict(D=128, REP=4, NW=4, OT="float16", HS=0, ROT=1, SCALE=_float_bits(128 ** -0.5))])
 
 # %% ../nbs/03b_gpu.ipynb #b7205c19
 _PACK_SNIPPET = r"""

@@ -45,6 +45,7 @@ class AffineConfig(MethodConfig):
 class AffineCodec(Codec):
     "Per-token group affine quantization along head_dim (`mx.quantize`); codes uint32, scales/biases fp16."
     compilable = True  # pure scores/mix: the compiled decode path (when the fused kernel does not run) may trace them
+    decodes_exactly = True  # scores/mix are q·decode(k)ᵀ and p·decode(v) (the GPU prefill attends to decoded tiles)
     def __init__(self, head_dim: int, bits: int, group_size: int):
         if head_dim % group_size:
             raise ValueError(f"group_size={group_size} does not divide head_dim={head_dim}; allowed: divisors of {head_dim} among (32, 64, 128)")
@@ -55,6 +56,10 @@ class AffineCodec(Codec):
     def decode(self, blk):
         f32 = mx.float32
         return mx.dequantize(blk["w"], blk["scales"].astype(f32), blk["biases"].astype(f32), group_size=self.gs, bits=self.bits)
+    def decode_as(self, blk, dtype):
+        "Decoded [B, H, t, D] in `dtype`; float16 straight from the fp16 scales and biases (one dequantize, no float32 copy)."
+        if dtype == mx.float16: return mx.dequantize(blk["w"], blk["scales"], blk["biases"], group_size=self.gs, bits=self.bits)
+        return self.decode(blk).astype(dtype)
     def _q(self, blk, dtype):
         return (mx.expand_dims(blk["w"], 2), mx.expand_dims(blk["scales"].astype(dtype), 2), mx.expand_dims(blk["biases"].astype(dtype), 2))
     def scores(self, q, blk):
@@ -71,10 +76,17 @@ def _make(config: KVCacheConfig):
         kd, vd = kc.head_dim, vc.head_dim
         if not (cfg.use_kernels and kd == vd and affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size)):
             return None
-        def run(queries, k, v, n, ek, ev, scale, sinks):
-            if not affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size, queries.shape[1] // ek.shape[1]):
-                return None  # too many query heads per kv head for threadgroup memory: the reference path
-            return affine_fused_decode(queries, k, v, n, ek, ev, scale, sinks, cfg.key_bits, cfg.value_bits, cfg.group_size)
+        plans = {}  # one launch plan per (shape, dtype, scale): the checks run once, a step only launches
+        def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None):
+            key = (queries.shape, ek.shape[:2], queries.dtype, scale, sinks is None)
+            p = plans.get(key)
+            if p is None:
+                B, Hq, L, D = queries.shape
+                ok = L == 1 and Hq % ek.shape[1] == 0 and affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size, Hq // ek.shape[1])
+                p = plans[key] = _decode_plan(queries.shape, ek.shape[1], queries.dtype, scale, cfg.key_bits, cfg.value_bits, cfg.group_size, sinks is not None) if ok else False
+            if p is False: return None  # too many query heads per kv head for threadgroup memory: the reference path
+            return p([queries, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"]], n, queries, ek, ev, sinks, n_exact)
+        run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
         return run
     # Appends stay on `mx.quantize` (two native dispatches): on the H200 it is faster than the one-dispatch
     # `affine_fused_append` (0.57-0.64x, see nbs/13_bench.ipynb), so that kernel is not wired in here.
@@ -539,11 +551,12 @@ def affine_decode_attention(q, k: dict, v: dict, n: int, key_bits: int, value_bi
 def affine_fused_decode(queries, k: dict, v: dict, n: int, keys, values, scale: float, sinks,
                         key_bits: int, value_bits: int, group_size: int, split: int | None = None,
                         warps: int | None = None, merge_warps: int | None = None, mma: bool | None = None,
-                        emulate: bool = False):
+                        emulate: bool = False, n_exact: int | None = None):
     """A whole decode step of attention in two dispatches (chunk partials, then the merge): `queries`
     [B, Hq, 1, D] (any float dtype) over `n` affine-coded history tokens (`k`, `v` as in
     `affine_decode_attention`) plus the exact `keys`/`values` [B, Hkv, E, D] (current step and fp16
-    window), `scale` the softmax scale, `sinks` optional [Hq] sink logits (gpt-oss). Returns
+    window), `scale` the softmax scale, `sinks` optional [Hq] sink logits (gpt-oss); `n_exact`: only the first
+    `n_exact` tokens of `keys`/`values` count (a preallocated window buffer; default all). Returns
     [B, Hq, 1, D] in the queries' dtype. No mask is applied (a decode step attends to everything).
     `mma`, `emulate` as in `affine_decode_attention` (the tensor-core kernel rounds the scaled query and
     the softmax weights to fp16 for the products; sums stay float32). `ValueError` for malformed shapes, n outside
@@ -558,12 +571,20 @@ def affine_fused_decode(queries, k: dict, v: dict, n: int, keys, values, scale: 
     use, warps = _pick(D, key_bits, value_bits, group_size, rep, mma, warps)
     merge_warps = merge_warps or MERGE_WARPS
     split = split or decode_split(n, B * Hkv, MMA_TARGET_GROUPS if use else None, warps=warps)
-    rows = B * Hq
-    q2 = queries.reshape(rows, D)
-    m, l, acc = _decode_partials(q2, k, v, n, split, B, Hkv, rep, D, key_bits, value_bits, group_size, warps, scale, use, emulate)
-    out = _merge_partials(m, l, acc, q2, keys.astype(queries.dtype), values.astype(queries.dtype), sinks, scale, rep,
-                          merge_warps, queries.dtype)
-    return out.reshape(B, Hq, 1, D)
+    if n_exact is not None and not (type(n_exact) is int and 0 <= n_exact <= E):
+        raise ValueError(f"n_exact={n_exact!r}; allowed: an integer in [0, {E}] (the exact keys given)")
+    m, l, acc = _decode_partials(queries, k, v, n, split, B, Hkv, rep, D, key_bits, value_bits, group_size, warps, scale, use, emulate)
+    return _merge_partials(m, l, acc, queries, keys, values, sinks, scale, rep, merge_warps, queries.dtype, n_exact,
+                           out_shape=(B, Hq, 1, D))
+
+def _decode_plan(qshape, Hkv, dtype, scale, key_bits, value_bits, group_size, hs):
+    "The prepared launches (`veloxquant.gpu.DecodeStep`) of a cache's decode steps: the tensor-core kernel in one dispatch, or the scalar one and the merge."
+    B, Hq, _, D = qshape; rep = Hq // Hkv
+    use, warps = _pick(D, key_bits, value_bits, group_size, rep, None, None)
+    if use: return gpu.DecodeStep("affine_mma_decode", AFFINE_MMA_DECODE_BODY, AFFINE_MMA_DECODE_INPUTS, [("D", D), ("G", group_size), ("REP", rep), ("NW", warps),
+                                  ("U", MMA_TOKENS // 16), ("EMU", 0), ("PF", 1)], B, Hq, Hkv, D, dtype, scale, warps, MMA_TARGET_GROUPS, fused=True, hs=hs)
+    return gpu.DecodeStep("affine_decode", AFFINE_DECODE_BODY, AFFINE_DECODE_INPUTS, [("D", D), ("KBITS", key_bits), ("VBITS", value_bits), ("G", group_size),
+                          ("REP", rep), ("NW", warps)], B, Hq, Hkv, D, dtype, scale, warps, None, hs=hs)
 
 # %% ../../nbs/methods/affine.ipynb #90af2554
 AFFINE_APPEND_BODY = r"""
@@ -640,5 +661,8 @@ register_kernel("affine_mma_decode", AFFINE_MMA_DECODE_BODY, AFFINE_DECODE_CU_TY
                 [dict(D=64, G=64, REP=3, NW=4, U=2, EMU=0, PF=1, SPLIT=256, SCALE=_float_bits(0.125)),
                  dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SPLIT=200, SCALE=_float_bits(1.0)),
                  dict(D=128, G=128, REP=16, NW=4, U=2, EMU=1, PF=0, SPLIT=8192, SCALE=_float_bits(0.1))])
+register_kernel("affine_mma_decode_fused", AFFINE_MMA_DECODE_BODY + gpu.DECODE_FINISH, dict(inputs=AFFINE_DECODE_CU_TYPES["inputs"] + gpu.DECODE_FINISH_CU_TYPES,
+                outputs=AFFINE_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, G=64, REP=4, NW=4, U=2, EMU=0, PF=1, SPLIT=256, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=0, OT="float16"),
+                [dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SPLIT=200, SCALE=_float_bits(1.0), HS=1, ROT=0, OT="bfloat16")])
 register_kernel("affine_append", AFFINE_APPEND_BODY, AFFINE_APPEND_CU_TYPES, dict(D=128, KBITS=4, VBITS=4, G=64),
                 [dict(D=64, KBITS=3, VBITS=8, G=32), dict(D=96, KBITS=5, VBITS=6, G=32), dict(D=256, KBITS=2, VBITS=4, G=128)])

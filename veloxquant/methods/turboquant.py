@@ -88,6 +88,7 @@ class TurboQuantCodec(Codec):
         d = head_dim; self.bits, self.center, self.mu = bits, center, None
         self.sequence_state = center  # mu comes from the first chunk: no exact trim, no batching
         self.compilable = not center  # the compiled decode path traces scores/mix; a mean mu set later would be baked in
+        self.decodes_exactly = True  # scores/mix are q·decode(k)ᵀ and p·decode(v) (the GPU prefill attends to decoded tiles)
         self.R = rotation(rotation_kind, d, seed)
         self.rot_name = f"rotation/{rotation_kind}/d{d}/seed{seed}"
         self.groups = []
@@ -249,10 +250,20 @@ def _make(config: KVCacheConfig):
         if not (cfg.use_kernels and cfg.variant == "mse" and not cfg.center and kc.head_dim == vc.head_dim
                 and len(kc.groups) == 1 and len(vc.groups) == 1 and tq_decode_supported(kc.head_dim, kc.bits, vc.bits, 1)):
             return None
-        def run(queries, k, v, n, ek, ev, scale, sinks):
-            if not tq_decode_supported(kc.head_dim, kc.bits, vc.bits, queries.shape[1] // ek.shape[1]):
-                return None  # more than 16 query heads per kv head: the reference path
-            return tq_fused_decode(queries, k, v, n, ek, ev, scale, sinks, kc, vc)
+        plans = {}  # one prepared step (gpu.DecodeStep, one dispatch) per (shape, dtype, scale): the checks run once
+        def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None):
+            key = (queries.shape, ek.shape[:2], queries.dtype, scale, sinks is None)
+            p = plans.get(key)
+            if p is None:
+                B, Hq, L, D = queries.shape; Hkv = ek.shape[1]
+                ok = L == 1 and Hq % Hkv == 0 and tq_decode_supported(kc.head_dim, kc.bits, vc.bits, Hq // Hkv)
+                p = plans[key] = gpu.DecodeStep("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_INPUTS, [("D", D), ("KB", _int_bits(kc.groups[0][2])),
+                    ("VB", _int_bits(vc.groups[0][2])), ("REP", Hq // Hkv), ("NW", MMA_WARPS), ("U", MMA_TOKENS // 16), ("EMU", 0)], B, Hq, Hkv, D,
+                    queries.dtype, scale, MMA_WARPS, MMA_TARGET_GROUPS, fused=True, rot=vc.R, hs=sinks is not None) if ok else False
+            if p is False: return None  # more than 16 query heads per kv head: the reference path
+            return p([queries.astype(mx.float32) @ kc.R, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc)],
+                     n, queries, ek, ev, sinks, n_exact)
+        run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
         return run
     return TurboQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_encode=encode, fused_decode=decode)
 
@@ -427,14 +438,21 @@ def _codec_table(codec) -> mx.array:
     return t
 
 def tq_fused_decode(queries, k: dict, v: dict, n: int, keys, values, scale: float, sinks, key_codec, value_codec,
-                    split: int | None = None, warps: int | None = None, merge_warps: int | None = None, emulate: bool = False):
+                    split: int | None = None, warps: int | None = None, merge_warps: int | None = None, emulate: bool = False,
+                    n_exact: int | None = None, checked: bool = False):
     """A decode step of attention over `turboquant` (MSE, one codebook per side) storage in two kernels plus the
     rotations: `queries` [B, Hq, 1, D] (any float dtype) over `n` coded tokens (`k`, `v`: dicts of `c0` uint32
     [B, Hkv, CAP, ceil(D·bits/32)] packed codes and `norm` fp16 [B, Hkv, CAP, 1], `TurboQuantCodec`'s layout) plus the
-    exact `keys`/`values` [B, Hkv, E, D] and optional `sinks` [Hq] logits; `key_codec`/`value_codec` give the
-    rotations `R` and the codebooks. Returns [B, Hq, 1, D] in the queries' dtype; `ValueError` for unsupported
-    layouts (`tq_decode_supported`, one codebook per side, no centered keys). `emulate` runs the software MMA product."""
+    exact `keys`/`values` [B, Hkv, E, D] (of which the first `n_exact` count, default all: a window buffer) and optional
+    `sinks` [Hq] logits; `key_codec`/`value_codec` give the rotations `R` and the codebooks. Returns [B, Hq, 1, D] in the
+    queries' dtype; `ValueError` for unsupported layouts (`tq_decode_supported`, one codebook per side, no centered keys).
+    `emulate` runs the software MMA product. The chunk partials are summed in the rotated domain; the merge kernel
+    scores the exact tokens with the unrotated query and undoes the value rotation itself (`rot`), so a step is the
+    query rotation and two launches. `checked`: the caller (the cache's step) has already validated this layout."""
+    if checked: return _tq_step(queries, k, v, n, keys, values, scale, sinks, key_codec, value_codec, n_exact)
     _check_step(queries, keys, values, n, k, "c0")
+    if n_exact is not None and not (type(n_exact) is int and 0 <= n_exact <= keys.shape[2]):
+        raise ValueError(f"n_exact={n_exact!r}; allowed: an integer in [0, {keys.shape[2]}] (the exact keys given)")
     for name, c in (("key_codec", key_codec), ("value_codec", value_codec)):
         if not (hasattr(c, "groups") and hasattr(c, "R")): raise ValueError(f"{name} must be a TurboQuantCodec, got {type(c).__name__}")
     B, Hq, L, D = queries.shape
@@ -446,19 +464,32 @@ def tq_fused_decode(queries, k: dict, v: dict, n: int, keys, values, scale: floa
         raise ValueError(f"fused turboquant decode does not support head_dim={D}, key bits {[gr[2] for gr in key_codec.groups]}, "
                          f"value bits {[gr[2] for gr in value_codec.groups]}, {rep} query heads per kv head, queries={L}, "
                          f"centered keys={getattr(key_codec, 'mu', None) is not None} on backend={gpu.backend()}")
+    return _tq_step(queries, k, v, n, keys, values, scale, sinks, key_codec, value_codec, n_exact, split, warps, merge_warps, emulate)
+
+def _tq_step(queries, k, v, n, keys, values, scale, sinks, kc, vc, n_exact=None, split=None, warps=None, merge_warps=None, emulate=False):
+    "The launches of `tq_fused_decode` (no checks): the query rotation, the chunk partials, the merge with the value rotation."
+    B, Hq, _, D = queries.shape
+    Hkv = keys.shape[1]; rep = Hq // Hkv
     warps, merge_warps = warps or MMA_WARPS, merge_warps or MERGE_WARPS
     split = split or decode_split(n, B * Hkv, MMA_TARGET_GROUPS, warps=warps)
     rows, ns, f32 = B * Hq, -(-n // split), mx.float32
-    Rk, Rv = key_codec.R, value_codec.R
-    qr = (queries.astype(f32) @ Rk).reshape(rows, D)
+    qr = queries.astype(f32) @ kc.R  # [B, Hq, 1, D]: row-contiguous, read as [ROWS, D]
     kern = _kernel("vq_tq_mma_decode", TQ_MMA_DECODE_BODY, tuple(TQ_DECODE_INPUTS), tuple(DECODE_PARTIAL_OUTPUTS), gpu.backend())
-    m, l, acc = kern(inputs=[qr, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(key_codec), _codec_table(value_codec), _nref(n)],
-                     template=[("D", D), ("KB", kb), ("VB", vb), ("REP", rep), ("NW", warps), ("U", MMA_TOKENS // 16),
-                               ("EMU", int(emulate)), ("SPLIT", split), ("SCALE", _float_bits(scale))],
+    m, l, acc = kern(inputs=[qr, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _nref(n)],
+                     template=[("D", D), ("KB", _int_bits(kc.groups[0][2])), ("VB", _int_bits(vc.groups[0][2])), ("REP", rep),
+                               ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)), ("SPLIT", split), ("SCALE", _float_bits(scale))],
                      grid=(32 * warps * ns, B * Hkv, 1), threadgroup=(32 * warps, 1, 1),
                      output_shapes=[(rows, ns), (rows, ns), (rows, ns, D)], output_dtypes=[f32, f32, f32])
-    out = _merge_partials(m, l, acc, qr, keys.astype(f32) @ Rk, values.astype(f32) @ Rv, sinks, scale, rep, merge_warps, f32)
-    return (out @ Rv.T).astype(queries.dtype).reshape(B, Hq, 1, D)
+    return _merge_partials(m, l, acc, queries, keys, values, sinks, scale, rep, merge_warps, queries.dtype, n_exact,
+                           rot=_f32(vc.R), out_shape=(B, Hq, 1, D))
+
+def _f32(R):
+    "A float32 row-contiguous copy of a rotation, made once per array (the merge kernel reads it raw)."
+    c = _F32_CACHE.get(id(R))
+    if c is None or c[0] is not R:
+        c = _F32_CACHE[id(R)] = (R, mx.contiguous(R.astype(mx.float32))); mx.eval(c[1])
+    return c[1]
+_F32_CACHE: dict = {}
 
 # %% ../../nbs/methods/turboquant.ipynb #0ddbd0e3
 TQ_APPEND_BODY = r"""
@@ -532,5 +563,8 @@ register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=
                 [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, SPLIT=256, SCALE=_float_bits(0.125)),
                  dict(D=128, KB=4, VB=1, REP=16, NW=4, U=1, EMU=1, SPLIT=200, SCALE=_float_bits(1.0)),
                  dict(D=64, KB=1, VB=4, REP=8, NW=2, U=2, EMU=0, SPLIT=8192, SCALE=_float_bits(0.1))])
+register_kernel("tq_mma_decode_fused", TQ_MMA_DECODE_BODY + gpu.DECODE_FINISH, dict(inputs=TQ_DECODE_CU_TYPES["inputs"] + gpu.DECODE_FINISH_CU_TYPES,
+                outputs=TQ_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SPLIT=256, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16"),
+                [dict(D=64, KB=2, VB=4, REP=8, NW=4, U=1, EMU=1, SPLIT=200, SCALE=_float_bits(1.0), HS=1, ROT=1, OT="bfloat16")])
 register_kernel("tq_append", TQ_APPEND_BODY, TQ_APPEND_CU_TYPES, dict(D=128, KBITS=3, VBITS=3),
                 [dict(D=64, KBITS=1, VBITS=4), dict(D=96, KBITS=3, VBITS=2), dict(D=256, KBITS=4, VBITS=4)])

@@ -1,0 +1,151 @@
+"""The decode step's window buffer and the decoded prefill: the same numbers as the paths they replace."""
+import numpy as np
+import pytest
+import mlx.core as mx
+import mlx_lm.models.base as base
+import veloxquant as vq
+from veloxquant.cache import VQCache
+from veloxquant.core import parse_method
+
+SPECS = ["affine:window=8", "turboquant:key_bits=3,value_bits=3,window=8", "q4_0:window=8", "affine:window=8,sinks=2"]
+
+
+def _steps(spec, dtype=mx.float16, B=1, H=2, rep=2, D=64, prompt=37, steps=40, trim_at=25, **flags):
+    old = {k: getattr(VQCache, k) for k in flags}
+    for k, v in flags.items(): setattr(VQCache, k, v)
+    try:
+        c = parse_method(spec).make_cache(); mx.random.seed(0); outs = []
+        r = lambda *s: mx.random.normal(s).astype(dtype)
+        for T in [prompt] + [1] * steps:
+            k, v, q = r(B, H, T, D), r(B, H, T, D), r(B, H * rep, T, D)
+            kk, vv = c.update_and_fetch(k, v)
+            outs.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=D ** -0.5, mask="causal" if T > 1 else None))
+            if len(outs) == trim_at: c.trim(3)
+        mx.eval(outs)
+        return outs, c
+    finally:
+        for k, v in old.items(): setattr(VQCache, k, v)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_window_buffer_is_exactly_the_concatenating_path(spec):
+    "float16 decode steps written in place into the window buffer give bit-identical outputs, codes and state."
+    a, ca = _steps(spec, window_buffer=False, decoded_prefill=False)
+    b, cb = _steps(spec, window_buffer=True, decoded_prefill=False)
+    assert cb._xbuf and not ca._xbuf  # the buffer was used (and only there)
+    for x, y in zip(a, b): assert mx.array_equal(x, y)
+    sa, sb = ca.state, cb.state
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        if isinstance(sa[key], mx.array): assert mx.array_equal(sa[key], sb[key]), key
+        elif isinstance(sa[key], dict): assert all(mx.array_equal(sa[key][n], sb[key][n]) for n in sa[key]), key
+    assert cb.nbytes >= ca.nbytes  # the buffer's headroom is counted
+
+
+def test_window_buffer_round_trip_and_other_dtypes():
+    "A restored cache keeps decoding through the buffer; float32 steps keep the pending path."
+    _, c = _steps("affine:window=8", steps=12)
+    c2 = parse_method("affine:window=8").make_cache(); c2.state = c.state
+    k = mx.random.normal((1, 2, 1, 64)).astype(mx.float16)
+    for cc in (c, c2): cc.update_and_fetch(k, k)
+    assert c2._in_window and c2._xbuf
+    q = mx.random.normal((1, 4, 1, 64)).astype(mx.float16)
+    o1 = base.scaled_dot_product_attention(q, k, k, cache=c, scale=0.125, mask=None)
+    o2 = base.scaled_dot_product_attention(q, k, k, cache=c2, scale=0.125, mask=None)
+    assert mx.array_equal(o1, o2)
+    _, c3 = _steps("affine:window=8", dtype=mx.float32, steps=5)
+    assert not c3._xbuf
+
+
+def test_decoded_prefill_matches_the_blockwise_path():
+    "Chunks over codes attending to the decoded history (fused SDPA) match the blockwise reference; query blocks too."
+    for spec in ("affine:window=8", "turboquant:key_bits=3,value_bits=3,window=8"):
+        ref, _ = _steps(spec, dtype=mx.float32, prompt=40, steps=0, decoded_prefill=False)
+        outs = []
+        for budget in (1 << 31, 4096):
+            old = VQCache.prefill_score_budget; VQCache.prefill_score_budget = budget
+            try:
+                c = parse_method(spec).make_cache(); mx.random.seed(0); o = []
+                for T in (40, 30):
+                    k, v, q = (mx.random.normal(s) for s in ((1, 2, T, 64), (1, 2, T, 64), (1, 4, T, 64)))
+                    kk, vv = c.update_and_fetch(k, v); o.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=0.125, mask="causal"))
+                VQCache.decoded_prefill = False
+                c = parse_method(spec).make_cache(); mx.random.seed(0); r = []
+                for T in (40, 30):
+                    k, v, q = (mx.random.normal(s) for s in ((1, 2, T, 64), (1, 2, T, 64), (1, 4, T, 64)))
+                    kk, vv = c.update_and_fetch(k, v); r.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=0.125, mask="causal"))
+            finally:
+                VQCache.prefill_score_budget = old; VQCache.decoded_prefill = None
+            VQCache.decoded_prefill = True
+            try:
+                c = parse_method(spec).make_cache(); mx.random.seed(0); d = []
+                for T in (40, 30):
+                    k, v, q = (mx.random.normal(s) for s in ((1, 2, T, 64), (1, 2, T, 64), (1, 4, T, 64)))
+                    kk, vv = c.update_and_fetch(k, v)
+                    VQCache.prefill_score_budget = budget
+                    d.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=0.125, mask="causal"))
+                    VQCache.prefill_score_budget = old
+            finally:
+                VQCache.decoded_prefill = None; VQCache.prefill_score_budget = old
+            assert c.k_store.length > 0
+            np.testing.assert_allclose(np.array(d[1]), np.array(r[1]), atol=1e-4, rtol=1e-4)
+            outs.append(d[1])
+        np.testing.assert_allclose(np.array(outs[0]), np.array(outs[1]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["affine:key_bits=4,value_bits=4,window=16", "turboquant:key_bits=3,value_bits=3,window=16",
+                                  "affine:key_bits=2,value_bits=8,group_size=32,window=16"])
+def test_fused_step_through_the_buffer_matches_the_reference(spec):
+    "On a GPU: the fused decode step over the window buffer vs the reference path (use_kernels=False), float16."
+    a, _ = _steps(spec, B=2, H=8, rep=4, D=128, prompt=300, steps=40)
+    b, _ = _steps(spec + ",use_kernels=false", B=2, H=8, rep=4, D=128, prompt=300, steps=40, window_buffer=False, decoded_prefill=False)
+    tol = 2e-2
+    for x, y in zip(a[1:], b[1:]):
+        np.testing.assert_allclose(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)), atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+def test_decoded_prefill_in_a_float16_model():
+    "On a GPU: a float16 model's prefill + decode through the fast paths vs the reference paths."
+    from mlx_lm.models import llama
+    args = llama.ModelArgs(model_type="llama", hidden_size=256, num_hidden_layers=2, intermediate_size=512, num_attention_heads=8,
+                           num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=256, tie_word_embeddings=True, head_dim=128)
+    mx.random.seed(0); model = llama.Model(args); model.set_dtype(mx.float16); mx.eval(model.parameters())
+    toks = [i * 7 % 250 + 3 for i in range(700)]
+    outs = []
+    for fast in (True, False):
+        VQCache.decoded_prefill = VQCache.window_buffer = fast
+        try:
+            caches = vq.KVCacheBuilder.for_model(model, vq.KVCacheConfig("affine", key_bits=4, value_bits=4, use_kernels=fast))
+            for s in range(0, 680, 256): model(mx.array(toks[s:min(680, s + 256)])[None], cache=caches)
+            outs.append(mx.concatenate([model(mx.array([[t]]), cache=caches) for t in toks[680:]], axis=1).astype(mx.float32))
+        finally:
+            VQCache.decoded_prefill, VQCache.window_buffer = None, True
+    np.testing.assert_allclose(np.array(outs[0]), np.array(outs[1]), atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(reason="the one-dispatch step (gpu.FUSED_DECODE, off by default) shares its arrival counter between "
+                          "launches of one cache that MLX may run concurrently: ~0.5 % off on the H200 (see 03b_gpu)", strict=False)
+@pytest.mark.parametrize("spec", ["affine:key_bits=4,value_bits=4,window=16", "turboquant:key_bits=3,value_bits=3,window=16"])
+@pytest.mark.parametrize("B,with_sinks", [(1, False), (3, True)])
+def test_one_dispatch_matches_two(spec, B, with_sinks):
+    "On a GPU: the decode step as one dispatch (partials + last-threadgroup merge) equals partials then the merge kernel."
+    import veloxquant.gpu as gpu
+    H, rep, D = 8, 4, 128
+    outs, was = {}, gpu.FUSED_DECODE
+    for fused in (True, False):
+        gpu.FUSED_DECODE = fused
+        try:
+            c = parse_method(spec).make_cache(); mx.random.seed(3); o = []
+            sk = mx.random.normal((H * rep,)) if with_sinks else None
+            for T in [700] + [1] * 30:
+                k, v, q = (mx.random.normal(s).astype(mx.float16) for s in ((B, H, T, D), (B, H, T, D), (B, H * rep, T, D)))
+                kk, vv = c.update_and_fetch(k, v)
+                o.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=D ** -0.5, mask="causal" if T > 1 else None, sinks=sk))
+            mx.eval(o); outs[fused] = o
+        finally:
+            gpu.FUSED_DECODE = was
+    for x, y in zip(outs[True][1:], outs[False][1:]):
+        np.testing.assert_allclose(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)), atol=2e-3, rtol=2e-3)
