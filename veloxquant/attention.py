@@ -175,7 +175,7 @@ def probe_dispatch(model) -> None:
                          f"mlx_lm.models.base.scaled_dot_product_attention (layers {missed[:5]}...); "
                          "veloxquant refuses it rather than leave its cache uncompressed")
 
-# %% ../nbs/02_attention.ipynb #fe5dfa6b
+# %% ../nbs/02_attention.ipynb #2817565b
 STATS_ROW_CHUNK = 256  # query rows per `attention_weights` call: bounds the [rows, S] weights held at once
 
 @dataclass(frozen=True)
