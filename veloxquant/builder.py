@@ -24,7 +24,8 @@ class KVCacheBuilder:
     def for_model(model, config: KVCacheConfig) -> list:
         """Fresh caches for every layer of `model` (list of length `len(model.layers)`): where the model's
         own `make_cache` uses `KVCache`, `RotatingKVCache` or `ChunkedKVCache`, the method's cache or its
-        sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`).
+        sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`). A cache class with a `place(layer,
+        n_layers)` method (eviction caches: per-layer budgets) is told its layer index.
 
         Raises `ValueError` naming the model family when its own `make_cache` builds any other cache type."""
         if not isinstance(config, KVCacheConfig): raise ValueError(f"config={config!r} must be a KVCacheConfig")
@@ -32,9 +33,13 @@ class KVCacheBuilder:
         # the model's own cache factory (None: mlx-lm gives every layer a plain KVCache); after `compress`
         # `model.make_cache` is ours, so the original is read from where `compress` kept it
         orig = model._vq_original_make_cache if hasattr(model, "_vq_original_make_cache") else getattr(model, "make_cache", None)
-        if orig is None: return [config.make_cache() for _ in model_layers(model)]
-        family = type(model).__module__.rsplit(".", 1)[-1]
-        return [equivalent_cache(c, config, family) for c in orig()]
+        if orig is None: caches = [config.make_cache() for _ in model_layers(model)]
+        else:
+            family = type(model).__module__.rsplit(".", 1)[-1]
+            caches = [equivalent_cache(c, config, family) for c in orig()]
+        for i, c in enumerate(caches):  # caches whose budget depends on the layer (e.g. PyramidKV) learn their index
+            if hasattr(type(c), "place"): c.place(i, len(caches))
+        return caches
 
 def compress(model, config: KVCacheConfig, probe: bool = True):
     """Make `model.make_cache()` return fresh veloxquant caches built from `config`; returns `model`.
