@@ -11,7 +11,10 @@ from veloxquant.batch import VQBatchCache, FP16BatchCache, merge_caches, roll_ro
 from veloxquant.core import parse_method
 
 # every registered method at its default settings, plus fp16 windows on two methods and the fp16 reference path
-SPECS = [*vq.method_ids(), "fp16:reference=True", "affine:key_bits=4,value_bits=4,window=8", "turboquant:window=16"]
+from veloxquant.evict import eviction_methods
+EVICTION = eviction_methods()  # refused in batches (test_eviction_refuses_batch)
+SPECS = [*(m for m in vq.method_ids() if m not in EVICTION), "fp16:reference=True", "affine:key_bits=4,value_bits=4,window=8",
+         "turboquant:window=16"]
 PROMPTS = [[(7 * i + 3 * j) % 128 for j in range(n)] for i, n in enumerate([37, 5, 70, 18])]
 
 
@@ -87,6 +90,16 @@ def test_batch_equals_one_by_one(sharp_model, spec):
         assert [c[0].offset for c in caches] == [len(p) + k for p, k in zip(PROMPTS, n)]  # the last token emitted was fed too
     if spec != "fp16":
         assert isinstance(merge_caches([c[0] for c in caches]), VQBatchCache)
+
+
+@pytest.mark.parametrize("spec", EVICTION)
+def test_eviction_refuses_batch(sharp_model, spec):
+    "Eviction methods keep different tokens per sequence and head: mlx-lm's batch merge is refused before any token runs."
+    vq.compress(sharp_model, parse_method(spec))
+    with pytest.raises(ValueError, match="do not support batch generation"):
+        batched(sharp_model, PROMPTS, [3, 3, 3, 3])
+    with pytest.raises(ValueError, match="no batch cache"):  # veloxquant.batch's own merge refuses them too
+        merge_caches([sharp_model.make_cache()[0] for _ in range(2)])
 
 
 def test_compression_changes_tokens(sharp_model):

@@ -9,7 +9,8 @@ from veloxquant.builder import KVCacheBuilder
 from veloxquant.cache import VQCache
 from veloxquant.methods.fp16 import IdentityCodec
 
-QUANT_METHODS = [m for m in method_ids() if m != "fp16"]
+from veloxquant.evict import eviction_methods
+QUANT_METHODS = [m for m in method_ids() if m != "fp16" and m not in eviction_methods()]  # eviction methods have no `sinks`/`window` of a quantizer
 
 
 def feed(model, caches, toks, chunks):

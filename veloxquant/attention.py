@@ -5,12 +5,14 @@
 # %% ../nbs/02_attention.ipynb #5089d4c0
 from __future__ import annotations
 import sys
+from dataclasses import dataclass
 import mlx.core as mx
 import mlx_lm.models.base as mlx_base
 
 # %% auto #0
-__all__ = ['Partial', 'blockwise_attention', 'dense_blocks', 'dispatch', 'install', 'uninstall', 'is_installed', 'attention_hook',
-           'probe_dispatch']
+__all__ = ['STATS_ROW_CHUNK', 'Partial', 'blockwise_attention', 'dense_blocks', 'dispatch', 'install', 'uninstall',
+           'is_installed', 'attention_hook', 'probe_dispatch', 'StatsRequest', 'AttentionStats', 'mask_rows',
+           'attention_weights', 'hand_stats']
 
 # %% ../nbs/02_attention.ipynb #c990f016
 _NEG = float(mx.finfo(mx.float32).min)
@@ -115,11 +117,14 @@ _HOOKS: list = []
 def dispatch(queries, keys, values, cache, scale: float, mask, sinks=None):
     """Drop-in for `mlx_lm.models.base.scaled_dot_product_attention`: a cache whose class sets `attends_itself`
     (every `veloxquant.cache.VQCache`) computes the attention in `cache.attend(queries, keys, values, scale=, mask=,
-    sinks=)`; any other cache goes to mlx-lm's own function."""
+    sinks=)`; any other cache goes to mlx-lm's own function. A cache that also defines `stats_rows` then gets the
+    step's real queries and softmax weights (`hand_stats`, "Attention statistics" below)."""
     if getattr(cache, "attends_itself", False):
         if queries.shape[2] == 0:  # an empty step (zero new tokens): nothing to attend with
             return mx.zeros((*queries.shape[:3], values.shape[-1]), queries.dtype)
         out = cache.attend(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+        if getattr(cache, "stats_rows", None) is not None:  # the statistics protocol (eviction scorers): see below
+            hand_stats(cache, queries, keys, values, scale, mask, sinks)
         for h in _HOOKS: h(cache, queries, keys, values, out)
         return out
     return _ORIGINAL(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
@@ -169,3 +174,88 @@ def probe_dispatch(model) -> None:
         raise ValueError(f"model family {type(model).__module__!r} computes attention without "
                          f"mlx_lm.models.base.scaled_dot_product_attention (layers {missed[:5]}...); "
                          "veloxquant refuses it rather than leave its cache uncompressed")
+
+# %% ../nbs/02_attention.ipynb #2817565b
+STATS_ROW_CHUNK = 256  # query rows per `attention_weights` call: bounds the [rows, S] weights held at once
+
+@dataclass(frozen=True)
+class StatsRequest:
+    """Which query rows a cache asks the dispatcher for (see `hand_stats`): the last `prefill` rows of every
+    multi-token step (int ≥ 0; `None`: all rows; 0: none) and every `decode_every`-th single-token step (0: never;
+    1: every step). `ValueError` for negative values."""
+    prefill: int | None = 0
+    decode_every: int = 0
+    def __post_init__(self):
+        if self.prefill is not None and (type(self.prefill) is not int or self.prefill < 0):
+            raise ValueError(f"prefill={self.prefill!r} must be None or an integer >= 0")
+        if type(self.decode_every) is not int or self.decode_every < 0:
+            raise ValueError(f"decode_every={self.decode_every!r} must be an integer >= 0")
+    @property
+    def empty(self) -> bool: return self.prefill == 0 and self.decode_every == 0
+    def rows(self, L: int, decode_step: int) -> int:
+        "Number of last query rows wanted for a step of `L` queries; `decode_step` counts single-token steps from 0."
+        if L == 1: return int(self.decode_every > 0 and decode_step % self.decode_every == 0)
+        return L if self.prefill is None else min(L, self.prefill)
+
+@dataclass
+class AttentionStats:
+    """What the dispatcher hands a cache: `queries` [B, Hq, n, D] (the step's real query rows `rows` = [r0, r1) of
+    its `L` queries, after RoPE, unscaled), `weights` [B, Hkv, rep, n, S] float32 softmax weights of those rows over the
+    S tokens the cache attends to (history first, then the step's own L tokens; a sink logit's share is not a column),
+    `scale` the attention scale."""
+    queries: mx.array
+    weights: mx.array
+    rows: tuple
+    L: int
+    scale: float
+
+def mask_rows(mask, L: int, S: int, r0: int, r1: int):
+    """Rows [r0, r1) of a step's mask over S keys whose last L are the step's own: None stays None, "causal" becomes a
+    bool array [r1 - r0, S] (row i sees keys up to S - L + i), an array [..., L, S'] is sliced to [..., r1 - r0, S']."""
+    if mask is None: return None
+    if isinstance(mask, str):
+        if mask != "causal": raise ValueError(f"mask={mask!r}: allowed string masks: ['causal']")
+        return mx.arange(S - L + r0, S - L + r1)[:, None] >= mx.arange(S)[None]
+    return mask[..., r0:r1, :]
+
+def attention_weights(queries, n_hist, blocks, keys, scale, mask=None, sinks=None):
+    """Softmax weights of `queries` [B, Hq, L, D] over `n_hist` history tokens (walked through `blocks`, the same
+    `(scores_fn, mix_fn, t)` triples as `blockwise_attention`; only `scores_fn` is called) and exact `keys`
+    [B, Hkv, E, D]. mask: None, "causal" or an array [..., L, n_hist + E] (bool True = attend, or additive); sinks:
+    optional [Hq] sink logits (their share of the normalisation is not returned). Returns float32
+    [B, Hkv, rep, L, n_hist + E]; masked keys get weight 0. `ValueError` on inconsistent shapes."""
+    B, Hq, L, D = queries.shape
+    Hkv, E = keys.shape[1], keys.shape[2]
+    if Hq % Hkv: raise ValueError(f"n_heads={Hq} is not a multiple of n_kv_heads={Hkv}")
+    rep, S = Hq // Hkv, n_hist + E
+    q = (queries.astype(mx.float32) * scale).reshape(B, Hkv, rep, L, D)
+    parts, t = [], 0
+    for blk in blocks: parts.append(blk[0](q)); t += blk[2]
+    if t != n_hist: raise ValueError(f"blocks cover {t} tokens, expected n_hist={n_hist}")
+    parts.append(q @ mx.expand_dims(keys.astype(mx.float32), 2).swapaxes(-1, -2))
+    s = mx.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
+    if isinstance(mask, str): mask = mask_rows(mask, L, S, 0, L)
+    if mask is not None:
+        if mask.shape[-1] != S or mask.shape[-2] != L:
+            raise ValueError(f"mask shape {mask.shape} does not match {L} queries over {S} keys")
+        s, valid = _apply_mask(s, _mask_view(mask, Hkv, rep))
+    else: valid = None
+    m = s.max(-1, keepdims=True)
+    if sinks is not None: m = mx.maximum(m, sinks.astype(mx.float32).reshape(1, Hkv, rep, 1, 1))
+    e = mx.exp(s - m)
+    if valid is not None: e = mx.where(valid, e, 0.0)
+    den = e.sum(-1, keepdims=True)
+    if sinks is not None: den = den + mx.exp(sinks.astype(mx.float32).reshape(1, Hkv, rep, 1, 1) - m)
+    return e / den
+
+def hand_stats(cache, queries, keys, values, scale, mask, sinks=None) -> None:
+    """The dispatcher's half of the statistics protocol (called after `cache.attend` for caches that define
+    `stats_rows`): the last `cache.stats_rows(L)` query rows, in chunks of at most `STATS_ROW_CHUNK`, go to
+    `cache.attention_weights(...)` and the result to `cache.observe(AttentionStats(...))`."""
+    L = queries.shape[2]
+    n = min(L, int(cache.stats_rows(L)))
+    for r0 in range(L - n, L, STATS_ROW_CHUNK):
+        r1 = min(L, r0 + STATS_ROW_CHUNK)
+        q = queries[:, :, r0:r1]
+        w = cache.attention_weights(q, keys, values, scale=scale, mask=mask, sinks=sinks, rows=(r0, r1))
+        cache.observe(AttentionStats(q, w, (r0, r1), L, scale))

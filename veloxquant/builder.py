@@ -90,14 +90,18 @@ class KVCacheBuilder:
     def for_model(model, config: KVCacheConfig) -> list:
         """Fresh caches for every layer of `model` (list of length `len(model.layers)`): where the model's
         own `make_cache` uses `KVCache`, `RotatingKVCache` or `ChunkedKVCache`, the method's cache or its
-        sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`).
+        sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`). A cache class with a `place(layer,
+        n_layers)` method (eviction caches: per-layer budgets) is told its layer index.
 
         Raises `ValueError` for a config that is not a `KVCacheConfig`, and the build-time refusal of `check_model`
         (`veloxquant cannot serve model family ...`) for a model veloxquant cannot serve."""
         if not isinstance(config, KVCacheConfig): raise ValueError(f"config={config!r} must be a KVCacheConfig")
         install()
         check_model(model)
-        return _build(model, config)
+        caches = _build(model, config)
+        for i, c in enumerate(caches):  # caches whose budget depends on the layer (e.g. PyramidKV) learn their index
+            if hasattr(type(c), "place"): c.place(i, len(caches))
+        return caches
 
 def compress(model, config: KVCacheConfig, probe: bool = True):
     """Make `model.make_cache()` return fresh veloxquant caches built from `config`; returns `model`.

@@ -57,6 +57,8 @@ class _Wrapped(VQCache):
         if config.to_dict().get("sinks"):  # a sliding layer's sink tokens are its own `keep` tokens (RotatingKVCache
             config = KVCacheConfig.from_dict({**config.to_dict(), "sinks": 0})  # semantics); the method's `sinks` apply to global layers
         inner = config.make_cache()
+        if hasattr(inner, "sliding_layer_cache"):  # eviction methods: the window already bounds this layer, so it keeps
+            inner = inner.sliding_layer_cache()    # the quantizer's own cache; eviction applies to the global layers
         if not isinstance(inner, VQCache):
             raise ValueError(f"method {config.method!r} makes {type(inner).__name__} caches, not VQCache")
         return inner
