@@ -250,8 +250,10 @@ class VQCache(_BaseCache):
         return gpu.backend() is not None if self.compiled_decode is None else bool(self.compiled_decode)
 
     def _blocks(self, bs: int, n: int | None = None):
-        "History blocks of `bs` tokens over the first `n` codes (default: all)."
+        "History blocks of `bs` tokens (rounded down to whole `token_group`s) over the first `n` codes (default: all)."
         n = self.k_store.length if n is None else n
+        g = self._group()
+        if g > 1: bs = max(g, bs - bs % g)  # a block holds whole token groups (per-group parameters, e.g. per-channel keys)
         for s in range(0, n, bs):
             e = min(n, s + bs)
             yield (lambda q, s=s, e=e: self.k_codec.scores(q, self.k_store.slice(s, e)),
@@ -463,7 +465,9 @@ def compiled_decode_attention(cache, queries, keys, values, scale, sinks=None):
     fns = _COMPILED.get(key)
     if fns is None: fns = _COMPILED[key] = _DecodeFns(kc, vc)
     q, m, l, acc = fns.prep(queries, sinks, float(scale), Hkv, values.shape[-1])
-    for s, P, lo in decode_plan(cache.k_store.length, cache.block_size or block_tokens(L, Hq)):
+    bs, g = cache.block_size or block_tokens(L, Hq), cache._group()
+    if g > 1: bs = max(g, bs - bs % g)  # windows start at multiples of the token group (`decode_plan` sizes are powers of two)
+    for s, P, lo in decode_plan(cache.k_store.length, bs):
         kb, vb = cache.k_store.slice(s, s + P), cache.v_store.slice(s, s + P)
         lo = mx.array(lo, mx.int32) if lo else None
         if kc.compilable: m, l, acc = fns.block(q, kb, vb, m, l, acc, lo)
