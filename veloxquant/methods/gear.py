@@ -118,6 +118,7 @@ class GearConfig(MethodConfig):
     {32, 64, 128} channels per value group; `rank` in [0, 8] of the low-rank error factor (keys and values); `outlier_pct`
     in [0, 10] percent of each chunk's entries kept in fp16; `iters` in [1, 8] power-iteration steps; `window` ≥ 0 recent
     tokens (GEAR's fp16 buffer) and `sinks` ≥ 0 first tokens in fp16."""
+    token_grouped = True  # codecs encode tokens in groups (not a field): sliding layers keep their tokens in fp16
     key_bits: int = 2
     value_bits: int = 2
     group_size: int = 128

@@ -105,6 +105,7 @@ class KittyConfig(MethodConfig):
     """Options of `kitty`: keys 2-bit per channel over `group_size` ∈ {32, 64, 128} tokens with `boost` ≥ 0 channels
     per group (and kv head) at 4 bits (default 8; at most head_dim); `value_bits` in {2, 3, 4} per token over
     `value_group` ∈ {32, 64, 128} channels; `window` ≥ 0 recent tokens and `sinks` ≥ 0 (default 4) first tokens in fp16."""
+    token_grouped = True  # codecs encode tokens in groups (not a field): sliding layers keep their tokens in fp16
     group_size: int = 128
     boost: int = 8
     value_bits: int = 2
