@@ -100,8 +100,6 @@ def test_compressed_ops_are_exact(tiny_model, tmp_path, method, ops, seed):
     and trim is exact: after any sequence of ops, the next step's logits equal those of a fresh cache fed the
     surviving tokens with the same chunking (up to the model's shape-dependent float rounding of those tokens' keys)."""
     cfg = vq.KVCacheConfig(method)
-    if getattr(type(cfg.options), "token_grouped", False):  # token groups cannot lose single tokens: not trimmable (tested
-        ops = [o for o in ops if o[0] != "trim"]            # in the methods' notebooks), the other ops still must be exact
     path = str(tmp_path / "c.safetensors")
     out, chunks, caches = _run(tiny_model, vq.KVCacheBuilder.for_model(tiny_model, cfg), ops, path, seed)
     no_io, _, _ = _run(tiny_model, vq.KVCacheBuilder.for_model(tiny_model, cfg), ops, path, seed, io=False)
