@@ -56,7 +56,8 @@ def test_fp16_bit_identical_tiny(tiny_model):
 
 
 @pytest.mark.parametrize("spec", ["fp16", "fp16:reference=true", "affine:key_bits=4,value_bits=4",
-                                  "affine:key_bits=3,value_bits=2,group_size=32,window=7"])
+                                  "affine:key_bits=3,value_bits=2,group_size=32,window=7", "kivi", "kivi:group_size=128,value_group=64,window=0",
+                                  "kivi_sink", "kitty", "gear:outlier_pct=1.0", "gear:key_bits=4,value_bits=4,rank=2,window=32"])
 def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec)

@@ -54,14 +54,16 @@ def test_every_method_has_sinks(tiny_model, method):
     caches = KVCacheBuilder.for_model(tiny_model, KVCacheConfig(method, sinks=4, window=0))
     feed(tiny_model, caches, toks, (2, 98, 200))
     for i, (c, e) in enumerate(zip(caches, exact)):
-        assert c.n_sink == 4 and c.k_store.length == 296
+        g = max(c.k_codec.token_group, c.v_codec.token_group)  # codecs that encode token groups keep the rest exact
+        assert c.n_sink == 4 and c.k_store.length == 296 - 296 % g
         ek, ev = (e.k_store.arrays["x"][:, :, :4].astype(mx.float16), e.v_store.arrays["x"][:, :, :4].astype(mx.float16))
         same = mx.array_equal if i == 0 else (lambda a, b: mx.allclose(a, b, atol=1e-2))  # deeper layers: tokens 2, 3 read sinks 0, 1 in fp16
         assert same(c.k_sink, ek).item() and same(c.v_sink, ev).item()
     codes = sum(a.nbytes for c in caches for s in (c.k_store, c.v_store) for a in s.arrays.values())
     sink_bytes = len(caches) * 2 * (1 * 2 * 4 * 64 * 2)  # layers x (k, v) x [B, H, 4, D] fp16
     extra = sum(getattr(cd, "mu", None).nbytes for c in caches for cd in (c.k_codec, c.v_codec) if getattr(cd, "mu", None) is not None)
-    assert cache_report(caches)["nbytes"] == codes + sink_bytes + extra
+    left = sum(a.nbytes for c in caches for a in (c.k_exact, c.v_exact) if a is not None)  # an incomplete token group
+    assert cache_report(caches)["nbytes"] == codes + sink_bytes + extra + left
 
 
 def test_sinks_trim_below_and_continue(tiny_model):

@@ -74,7 +74,8 @@ def test_chunked_parity():
 
 @pytest.mark.parametrize("make", [lambda: sliding_cache(vq.KVCacheConfig("fp16"), 16, 4), lambda: sliding_cache(AFFINE, 16),
                                   lambda: sliding_cache(vq.KVCacheConfig("turboquant"), 16, 2), lambda: chunked_cache(AFFINE, 8),
-                                  lambda: chunked_cache(vq.KVCacheConfig("fp16"), 8)])
+                                  lambda: chunked_cache(vq.KVCacheConfig("fp16"), 8),
+                                  lambda: sliding_cache(vq.KVCacheConfig("kivi", window=0), 16, 2), lambda: chunked_cache(vq.KVCacheConfig("gear", value_group=32), 8)])
 def test_save_load_round_trip(make, tmp_path):
     a, b = make(), make()
     run_steps(a, [20, 1, 1], seed=1); run_steps(b, [20, 1, 1], seed=1)
@@ -83,6 +84,19 @@ def test_save_load_round_trip(make, tmp_path):
     (loaded,) = load_prompt_cache(f)
     assert type(loaded) is type(a) and loaded.offset == a.offset and loaded.nbytes > 0
     assert mx.array_equal(run_steps(loaded, [1, 5, 1], seed=2), run_steps(b, [1, 5, 1], seed=2)).item()
+
+
+@pytest.mark.parametrize("spec", ["kivi:window=0", "kivi_sink", "kitty:value_group=32", "gear:value_group=32,outlier_pct=1.0"])
+def test_token_grouped_methods_keep_sliding_layers_exact(spec):
+    """Methods whose codecs encode tokens in groups (`token_grouped` configs) hold a sliding or chunked layer's bounded
+    tokens in the inner cache's fp16 window: nothing is coded there, outputs match the fp16 cache to fp16 rounding."""
+    cfg = vq.parse_method(spec)
+    for make, steps in ((lambda c: sliding_cache(c, 16, 4), STEPS), (lambda c: chunked_cache(c, 8), [5, 9, 1, 1, 1, 12, 1, 1, 3, 1])):
+        c, ref = make(cfg), make(vq.KVCacheConfig("fp16", reference=True))
+        out, want = run_steps(c, steps), run_steps(ref, steps)
+        assert c.inner.k_store.length == 0 and c.inner.k_exact is not None
+        assert mx.abs(out - want).max().item() < 1e-2
+        assert c.inner.window >= (c.max_size + c.evict_every if isinstance(c, RotatingVQCache) else c.chunk_size)
 
 
 def test_tampered_state_refused(tmp_path):

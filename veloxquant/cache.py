@@ -421,8 +421,10 @@ class VQCache(_BaseCache):
         return gpu.backend() is not None if self.compiled_decode is None else bool(self.compiled_decode)
 
     def _blocks(self, bs: int, n: int | None = None):
-        "History blocks of `bs` tokens over the first `n` codes (default: all)."
+        "History blocks of `bs` tokens (rounded down to whole `token_group`s) over the first `n` codes (default: all)."
         n = self.k_store.length if n is None else n
+        g = self._group()
+        if g > 1: bs = max(g, bs - bs % g)  # a block holds whole token groups (per-group parameters, e.g. per-channel keys)
         for s in range(0, n, bs):
             e = min(n, s + bs)
             yield (lambda q, s=s, e=e: self.k_codec.scores(q, self.k_store.slice(s, e)),
@@ -440,14 +442,15 @@ class VQCache(_BaseCache):
     def empty(self): return self.offset == 0
     def is_trimmable(self):
         """True unless a codec keeps statistics of the sequence (`sequence_state`, e.g. turboquant
-        `center=True`: its mean comes from the first chunk encoded) or encodes tokens in groups
-        (`token_group > 1`). With an fp16 `window`, `trim(n)` is exact (continuing equals a fresh run that
+        `center=True`: its mean comes from the first chunk encoded). A trim into a token group of a codec with
+        `token_group > 1` decodes the group's surviving tokens into the fp16 window (within the method's own
+        error; `exact_trim` says False for it). With an fp16 `window`, `trim(n)` is exact (continuing equals a fresh run that
         never saw the last `n` tokens, with the same chunking) when `exact_trim(n)`: always for the tokens
         of the last step (speculative decoding, a cached prompt's last turn), and whenever no block had to
         become codes in between; a deeper trim leaves fewer than 2W tokens as codes that a fresh run would
         still hold in fp16 (within the method's own error, `tests/test_prefix_reuse.py`). mlx-lm's
         speculative decoding and prompt-cache reuse only trim caches that say True."""
-        return all(c is None or (c.token_group == 1 and not c.sequence_state) for c in (self.k_codec, self.v_codec))
+        return all(c is None or not c.sequence_state for c in (self.k_codec, self.v_codec))
 
     def exact_trim(self, n: int) -> bool:
         "Whether `trim(n)` leaves exactly the cache of a fresh run that never saw the last `n` tokens (see `is_trimmable`)."
@@ -466,7 +469,8 @@ class VQCache(_BaseCache):
 
     def trim(self, n: int) -> int:
         """Drop the last `n` tokens (exact window first, then codes, then sink tokens); returns the number dropped.
-        Nothing is decoded: tokens already encoded stay codes (see `is_trimmable`, `exact_trim`). `ValueError` for n < 0."""
+        Nothing is decoded (tokens already encoded stay codes, see `is_trimmable`, `exact_trim`) except the surviving
+        tokens of a token group the trim cut into, which join the fp16 window. `ValueError` for n < 0."""
         check_int("n", n, 0)
         if self.pending is not None: self._flush()
         n = min(self.offset, n); left = n
@@ -475,6 +479,12 @@ class VQCache(_BaseCache):
             self.k_exact, self.v_exact = (self.k_exact[:, :, :w - d], self.v_exact[:, :, :w - d]) if w > d else (None, None)
             left -= d
         d = min(left, self.k_store.length); self.k_store.trim(d); self.v_store.trim(d); left -= d
+        if d and self._group() > 1 and self.k_store.length % self._group():  # a token group lost its last tokens:
+            m = self.k_store.length; cut = m - m % self._group()              # its survivors become fp16 (decoded)
+            ks, vs = self.k_store.slice(cut, cut + self._group()), self.v_store.slice(cut, cut + self._group())
+            self.k_exact = self.k_codec.decode(ks)[:, :, :m - cut].astype(mx.float16)  # the window was trimmed away first
+            self.v_exact = self.v_codec.decode(vs)[:, :, :m - cut].astype(mx.float16)
+            self.k_store.trim(m - cut); self.v_store.trim(m - cut)
         if left:
             s = self.n_sink - left
             self.k_sink, self.v_sink = (self.k_sink[:, :, :s], self.v_sink[:, :, :s]) if s else (None, None)
@@ -635,7 +645,9 @@ def compiled_decode_attention(cache, queries, keys, values, scale, sinks=None):
     fns = _COMPILED.get(key)
     if fns is None: fns = _COMPILED[key] = _DecodeFns(kc, vc)
     q, m, l, acc = fns.prep(queries, sinks, float(scale), Hkv, values.shape[-1])
-    for s, P, lo in decode_plan(cache.k_store.length, cache.block_size or block_tokens(L, Hq)):
+    bs, g = cache.block_size or block_tokens(L, Hq), cache._group()
+    if g > 1: bs = max(g, bs - bs % g)  # windows start at multiples of the token group (`decode_plan` sizes are powers of two)
+    for s, P, lo in decode_plan(cache.k_store.length, bs):
         kb, vb = cache.k_store.slice(s, s + P), cache.v_store.slice(s, s + P)
         lo = mx.array(lo, mx.int32) if lo else None
         if kc.compilable: m, l, acc = fns.block(q, kb, vb, m, l, acc, lo)

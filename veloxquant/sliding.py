@@ -20,7 +20,7 @@ __all__ = ['drop_tokens', 'RotatingVQCache', 'ChunkedVQCache', 'FP16RotatingCach
 def drop_tokens(cache: VQCache, i0: int, i1: int) -> int:
     """Remove stored tokens `[i0, i1)` (indices into the cache's stored sequence: codes first, then the
     fp16 window) from the `VQCache` `cache`; returns how many were removed. `cache.offset` counts the
-    stored tokens afterwards. Raises `ValueError` for a range outside `[0, stored]` or a codec with
+    stored tokens afterwards. Raises `ValueError` for a range outside `[0, stored]`, or one that covers codes of a codec with
     `token_group > 1`."""
     if cache.pending is not None: cache._flush()
     ns = cache.k_store.length
@@ -28,10 +28,10 @@ def drop_tokens(cache: VQCache, i0: int, i1: int) -> int:
     if not 0 <= i0 <= i1 <= ns + ne:
         raise ValueError(f"token range [{i0}, {i1}) is outside the {ns + ne} stored tokens")
     if i1 == i0: return 0
-    if max(cache.k_codec.token_group, cache.v_codec.token_group) > 1:
-        raise ValueError(f"method {cache.config.method!r} encodes tokens in groups (token_group > 1); "
-                         "sliding-window caches need token_group == 1")
     a, b = min(i0, ns), min(i1, ns)
+    if b > a and max(cache.k_codec.token_group, cache.v_codec.token_group) > 1:
+        raise ValueError(f"method {cache.config.method!r} encodes tokens in groups (token_group > 1); "
+                         "its codes cannot lose single tokens (sliding-window caches hold such methods' tokens in fp16)")
     if b > a:
         for st in (cache.k_store, cache.v_store):
             st.arrays = {k: mx.concatenate([x[:, :, :a], x[:, :, b:]], axis=2) for k, x in st.arrays.items()}
@@ -53,9 +53,14 @@ class _Wrapped(VQCache):
         if name == "inner" or name.startswith("__"): raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def _new_inner(self, config: KVCacheConfig) -> VQCache:
+    def _new_inner(self, config: KVCacheConfig, held: int | None = None) -> VQCache:
+        """The inner method cache. Methods whose config class says `token_grouped = True` (their codecs encode tokens in
+        groups, which cannot lose single tokens) hold a sliding layer's at most `held` tokens in their fp16 window
+        (window ≥ `held`: nothing is ever encoded there); their global layers are compressed as usual."""
         if config.to_dict().get("sinks"):  # a sliding layer's sink tokens are its own `keep` tokens (RotatingKVCache
             config = KVCacheConfig.from_dict({**config.to_dict(), "sinks": 0})  # semantics); the method's `sinks` apply to global layers
+        if held is not None and getattr(type(config.options), "token_grouped", False) and config.to_dict().get("window", 0) < held:
+            config = KVCacheConfig.from_dict({**config.to_dict(), "window": held})
         inner = config.make_cache()
         if hasattr(inner, "sliding_layer_cache"):  # eviction methods: the window already bounds this layer, so it keeps
             inner = inner.sliding_layer_cache()    # the quantizer's own cache; eviction applies to the global layers
@@ -82,10 +87,10 @@ class _Wrapped(VQCache):
     def n_elements(self) -> int: return self.inner.n_elements
     def shared_artifacts(self) -> dict: return self.inner.shared_artifacts()
 
-    def _inner_from_state(self, st):
+    def _inner_from_state(self, st, held: int | None = None):
         if not isinstance(st, dict) or "config" not in st:
             raise ValueError("corrupt cache state: no inner method cache state")
-        inner = self._new_inner(KVCacheConfig.from_dict(json.loads(st["config"])))
+        inner = self._new_inner(KVCacheConfig.from_dict(json.loads(st["config"])), held)
         inner.state = st
         return inner
 
@@ -103,7 +108,7 @@ class RotatingVQCache(_Wrapped):
 
     def __init__(self, config: KVCacheConfig, max_size: int, keep: int = 0):
         check_int("max_size", max_size, 1); check_int("keep", keep, 0, max_size - 1)
-        self.inner = self._new_inner(config)
+        self.inner = self._new_inner(config, max_size + self.evict_every)  # at most max_size − 1 + evict_every held
         self.max_size, self.keep = max_size, keep
         self.offset = 0   # tokens seen (absolute position of the next token)
         self.start = 0    # absolute position of the first stored token after the sinks
@@ -192,7 +197,7 @@ class RotatingVQCache(_Wrapped):
         self.max_size, self.keep = int(st["max_size"]), int(st["keep"])
         check_int("max_size", self.max_size, 1); check_int("keep", self.keep, 0, self.max_size - 1)
         self.offset, self.start, self._step = int(st["offset"]), int(st["start"]), None
-        self.inner = self._inner_from_state(st["inner"])
+        self.inner = self._inner_from_state(st["inner"], self.max_size + self.evict_every)
         want = min(self.keep, self.start) + self.offset - self.start
         if not 0 <= self.start <= self.offset or self.stored != want:
             raise ValueError(f"corrupt cache state: offset={self.offset}, start={self.start}, keep={self.keep} "
@@ -208,7 +213,7 @@ class ChunkedVQCache(_Wrapped):
     Source: mlx-lm `ChunkedKVCache`; Meta, *The Llama 4 herd* (2025), chunked local attention."""
     def __init__(self, config: KVCacheConfig, chunk_size: int):
         check_int("chunk_size", chunk_size, 1)
-        self.inner = self._new_inner(config)
+        self.inner = self._new_inner(config, chunk_size)  # trimmed to chunk_size before each step
         self.chunk_size, self.offset, self.start_position = chunk_size, 0, 0
 
     def maybe_trim_front(self):
@@ -248,7 +253,7 @@ class ChunkedVQCache(_Wrapped):
             if f not in st: raise ValueError(f"corrupt cache state: no {f!r}")
         self.chunk_size, self.offset, self.start_position = int(st["chunk_size"]), int(st["offset"]), int(st["start_position"])
         check_int("chunk_size", self.chunk_size, 1)
-        self.inner = self._inner_from_state(st["inner"])
+        self.inner = self._inner_from_state(st["inner"], self.chunk_size)
         if self.stored != self.offset - self.start_position:
             raise ValueError(f"corrupt cache state: offset={self.offset}, start_position={self.start_position} "
                              f"but the inner cache holds {self.stored} tokens")
