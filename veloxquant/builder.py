@@ -7,6 +7,7 @@ from __future__ import annotations
 from .core import KVCacheConfig
 from .attention import install, probe_dispatch
 from .sliding import equivalent_cache
+import veloxquant.calibrate as calibrate
 
 # %% auto #0
 __all__ = ['model_layers', 'KVCacheBuilder', 'compress', 'decompress']
@@ -26,15 +27,20 @@ class KVCacheBuilder:
         own `make_cache` uses `KVCache`, `RotatingKVCache` or `ChunkedKVCache`, the method's cache or its
         sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`).
 
-        Raises `ValueError` naming the model family when its own `make_cache` builds any other cache type."""
+        A method with a registered calibration gets one config per layer with the artifact's `path` and the `layer`
+        (`veloxquant.calibrate.layer_configs`). Raises `ValueError` naming the model family when its own `make_cache`
+        builds any other cache type, and when a calibrated method's artifact is missing or made for something else."""
         if not isinstance(config, KVCacheConfig): raise ValueError(f"config={config!r} must be a KVCacheConfig")
         install()
         # the model's own cache factory (None: mlx-lm gives every layer a plain KVCache); after `compress`
         # `model.make_cache` is ours, so the original is read from where `compress` kept it
         orig = model._vq_original_make_cache if hasattr(model, "_vq_original_make_cache") else getattr(model, "make_cache", None)
-        if orig is None: return [config.make_cache() for _ in model_layers(model)]
+        model_layers(model)
+        # one config per layer: a calibrated method gets its checked artifact's path and its layer (`veloxquant.calibrate`)
+        configs = calibrate.layer_configs(model, config)
+        if orig is None: return [c.make_cache() for c in configs]
         family = type(model).__module__.rsplit(".", 1)[-1]
-        return [equivalent_cache(c, config, family) for c in orig()]
+        return [equivalent_cache(c, cfg, family) for c, cfg in zip(orig(), configs)]
 
 def compress(model, config: KVCacheConfig, probe: bool = True):
     """Make `model.make_cache()` return fresh veloxquant caches built from `config`; returns `model`.
