@@ -17,8 +17,8 @@ from .attention import install
 
 # %% auto #0
 __all__ = ['CALIB_FORMAT', 'COLLECT', 'Calibration', 'register_calibration', 'calibration_of', 'layer_key', 'settings_of',
-           'model_fingerprint', 'calibration_tokens', 'Recorder', 'artifact_path', 'calibrate', 'load_calibration',
-           'layer_configs', 'layer_tensors']
+           'model_fingerprint', 'calibration_tokens', 'RecordingMixin', 'recorders', 'artifact_path', 'calibrate',
+           'load_calibration', 'layer_configs', 'layer_tensors']
 
 # %% ../nbs/06b_calibrate.ipynb #4be1f3fa
 CALIB_FORMAT = "veloxquant-calibration-v1"
@@ -76,12 +76,13 @@ def calibration_tokens(tokenizer, n: int) -> list[int]:
     check_int("tokens", n, 1)
     return models.eval_tokens(tokenizer, n, 0, split="calib")
 
-# %% ../nbs/06b_calibrate.ipynb #1f256faa
-class Recorder(KVCache):
-    "An exact cache that also records the keys / values / queries (float32, batch 1) it sees, per `collect`."
+# %% ../nbs/06b_calibrate.ipynb #7daa5cb7
+class RecordingMixin:
+    "Records what `collect` names (keys / values / queries, float32, batch 1) and attends exactly; mixed into a cache class."
     attends_itself = True
-    def __init__(self, collect=("keys",)):
-        super().__init__(); self.collect, self.seen = tuple(collect), {c: [] for c in collect}
+    def _start_recording(self, collect):
+        self.collect, self.seen = tuple(collect), {c: [] for c in collect}
+        return self
     def update_and_fetch(self, keys, values):
         for name, a in (("keys", keys), ("values", values)):
             if name in self.collect: self.seen[name].append(np.array(a[0].astype(mx.float32)))
@@ -89,6 +90,19 @@ class Recorder(KVCache):
     def attend(self, queries, keys, values, scale, mask, sinks=None):
         if "queries" in self.collect: self.seen["queries"].append(np.array(queries[0].astype(mx.float32)))
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+
+_RECORDING: dict = {}
+
+def recorders(model, collect=("keys",)) -> list:
+    "Fresh caches for every layer of `model` (the model's own kinds, as before any `compress`) that record `collect`."
+    own = getattr(model, "_vq_original_make_cache", None) if hasattr(model, "_vq_original_make_cache") else getattr(model, "make_cache", None)
+    caches = own() if own is not None else [KVCache() for _ in (model.layers if hasattr(model, "layers") else model.model.layers)]
+    for c in caches:
+        t = type(c)
+        if t not in _RECORDING: _RECORDING[t] = type(f"Recording{t.__name__}", (RecordingMixin, t), {})
+        c.__class__ = _RECORDING[t]
+        c._start_recording(collect)
+    return caches
 
 # %% ../nbs/06b_calibrate.ipynb #394509e2
 def artifact_path(method: str, options, fingerprint: str, root=None) -> Path:
@@ -120,11 +134,11 @@ def calibrate(method, model=None, tokens: int | list = 4096, window: int = 1024,
     ids = list(tokens) if not isinstance(tokens, int) else calibration_tokens(tokenizer, tokens)
     install()
     t0 = time.time()
-    n_layers = len(model.layers if hasattr(model, "layers") else model.model.layers)
+    n_layers = len(recorders(model, cal.collect))
     seen = [{c: [] for c in cal.collect} for _ in range(n_layers)]
     bar = tqdm(total=len(ids), desc=f"calibrate {config.method}", unit="tok", disable=not progress)
     for s in range(0, len(ids), window):
-        recs = [Recorder(cal.collect) for _ in range(n_layers)]     # each window from an empty cache
+        recs = recorders(model, cal.collect)                         # each window from empty caches
         chunk = ids[s:s + window]
         mx.eval(model(mx.array(chunk)[None], cache=recs))
         for r, d in zip(recs, seen):
@@ -132,7 +146,7 @@ def calibrate(method, model=None, tokens: int | list = 4096, window: int = 1024,
         bar.update(len(chunk))
     bar.close()
     samples = [{c: np.concatenate(v, axis=1) for c, v in d.items()} for d in seen]
-    dims = [int(recs[0].keys.shape[-1]), int(recs[0].values.shape[-1])]
+    dims = [int(recs[0].keys.shape[-1]), int(recs[0].values.shape[-1])]   # from the model's own (last window's) caches
     tensors = {k: np.ascontiguousarray(v) for k, v in cal.fn(samples, config.options).items()}
     fp = model_fingerprint(model)
     meta = dict(method=config.method, settings=json.dumps(settings_of(config.method, config.options), sort_keys=True),
