@@ -3,6 +3,7 @@ logits identical to stock mlx-lm, every registered quantization method runs, and
 are refused with a clear error (never silently left uncompressed). Families with sliding-window (RotatingKVCache) or
 chunked-attention (ChunkedKVCache) layers run 48 tokens through a window of 16 / chunks of 8, prefilled in chunks."""
 import importlib
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -58,13 +59,21 @@ def run_long(model, caches):
     return mx.concatenate(outs, 1)
 
 
-def method_configs():
-    "One standard setting of every registered method except fp16 (group sizes set to head_dim 32)."
+def method_configs(model=None):
+    """One standard setting of every registered method except fp16 (group sizes set to head_dim 32). A method with a
+    registered calibration (`veloxquant.calibrate`) is calibrated on `model` first (96 token ids, a temporary file)."""
+    import tempfile
+    from veloxquant.calibrate import calibration_of, calibrate
     for mid in method_ids():
         if mid == "fp16": continue
         opts = dict(standard_settings(mid)[0])
         for name in vq.get_method(mid).config_cls.__dataclass_fields__:
             if "group" in name: opts[name] = 32
+        if calibration_of(mid) is not None:
+            if model is None: continue
+            out = Path(tempfile.mkdtemp(prefix="vq-arch-")) / f"{mid}.safetensors"
+            opts["path"] = str(calibrate(vq.KVCacheConfig(mid, **opts), model, tokens=list(range(1, 97)), window=48,
+                                         out=out, progress=False))
         yield vq.KVCacheConfig(mid, **opts)
 
 
@@ -77,7 +86,7 @@ def test_family(family):
         assert mx.array_equal(ref, run(model, model.make_cache())).item(), f"{family}: fp16 logits differ from stock mlx-lm"
     finally:
         vq.decompress(model)
-    for cfg in method_configs():
+    for cfg in method_configs(model):
         out = run(model, vq.KVCacheBuilder.for_model(model, cfg))
         assert out.shape == ref.shape and mx.isfinite(out).all().item(), f"{family} × {cfg.method}"
 
@@ -104,7 +113,7 @@ def test_sliding_family(family):
         vq.decompress(model)
     gen = run_long(model, vq.KVCacheBuilder.for_model(model, vq.KVCacheConfig("fp16", reference=True)))
     assert mx.abs(gen - ref).max().item() < 1e-4, f"{family}: generic sliding path differs from mlx-lm"
-    for cfg in method_configs():
+    for cfg in method_configs(model):
         caches = vq.KVCacheBuilder.for_model(model, cfg)
         assert any(isinstance(c, (RotatingVQCache, ChunkedVQCache)) for c in caches)
         out = run_long(model, caches)

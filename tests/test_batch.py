@@ -204,6 +204,8 @@ def test_refused_configurations(sharp_model):
 @pytest.mark.parametrize("method", vq.method_ids())
 def test_padding_filler_is_finite(method):
     "Codes of zero vectors (what padding positions hold) decode to finite numbers for every method."
+    from veloxquant.calibrate import calibration_of
+    if calibration_of(method) is not None: pytest.skip("needs a calibration artifact (codes of zeros: see tests/test_calibrate.py)")
     c = vq.KVCacheConfig(method).make_cache()
     kc, vc = c._make_codecs(64, 64)
     for codec in (kc, vc):

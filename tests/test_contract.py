@@ -57,7 +57,10 @@ def test_fp16_bit_identical_tiny(tiny_model):
 
 @pytest.mark.parametrize("spec", ["fp16", "fp16:reference=true", "affine:key_bits=4,value_bits=4",
                                   "affine:key_bits=3,value_bits=2,group_size=32,window=7", "kivi", "kivi:group_size=128,value_group=64,window=0",
-                                  "kivi_sink", "kitty", "gear:outlier_pct=1.0", "gear:key_bits=4,value_bits=4,rank=2,window=32"])
+                                  "kivi_sink", "kitty", "gear:outlier_pct=1.0", "gear:key_bits=4,value_bits=4,rank=2,window=32",
+                                  "rabitq:window=7",
+                                  "rabitq:value_bits=2,value_group=32,window=0,rotation=hadamard",
+                                  "nsnquant:key_bits=1,value_bits=2,window=7", "nsnquant:window=0"])
 def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec)
@@ -81,7 +84,7 @@ def test_corrupt_state_refused(tiny_model):
         type(caches[0]).from_state(st_)
 
 
-@pytest.mark.parametrize("spec", ["fp16", "affine:key_bits=4,value_bits=4"])
+@pytest.mark.parametrize("spec", ["fp16", "affine:key_bits=4,value_bits=4", "rabitq", "rabitq:window=0"])
 def test_trim_then_continue(tiny_model, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec); toks = list(range(10, 70))

@@ -9,7 +9,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, ChunkedKVCache
 from .core import KVCacheConfig
 from .attention import install, attention_hook
 from .sliding import equivalent_cache
-
+import veloxquant.calibrate as calibrate
 
 # %% auto #0
 __all__ = ['model_layers', 'refusal', 'check_model', 'KVCacheBuilder', 'compress', 'decompress']
@@ -36,21 +36,22 @@ def _own_caches(model) -> list:
     orig = model._vq_original_make_cache if hasattr(model, "_vq_original_make_cache") else getattr(model, "make_cache", None)
     return [KVCache() for _ in model_layers(model)] if orig is None else orig()
 
-def _build(model, config: KVCacheConfig) -> list:
+def _build(model, configs: list) -> list:
+    "The caches of `model`'s layers, layer i from `configs[i]` (a `KVCacheConfig` per layer)."
     own = _own_caches(model)
     bad = sorted({type(c).__name__ for c in own if type(c) not in _STANDS_IN})
     if bad:
         raise refusal(model, f"its make_cache builds caches of type {', '.join(bad)}; veloxquant stands in only for "
                              "KVCache, RotatingKVCache and ChunkedKVCache layers")
     family = type(model).__module__.rsplit(".", 1)[-1]
-    return [equivalent_cache(c, config, family) for c in own]
+    return [equivalent_cache(c, cfg, family) for c, cfg in zip(own, configs)]
 
 class _Verdict:  # a plain object, so that mlx's Module keeps it out of the parameter tree
     def __init__(self, error): self.error = error
 
 def _probe(model):
     "The refusal message for `model`, or None when it is served (see `check_model`)."
-    try: ours = _build(model, KVCacheConfig("fp16", reference=True))
+    try: ours = _build(model, [KVCacheConfig("fp16", reference=True)] * len(model_layers(model)))
     except ValueError as e: return str(e)
     stock = _own_caches(model)
     ref = [model(mx.array([t]), cache=stock) for t in _PROBE_TOKENS]; mx.eval(ref)
@@ -93,12 +94,17 @@ class KVCacheBuilder:
         sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`). A cache class with a `place(layer,
         n_layers)` method (eviction caches: per-layer budgets) is told its layer index.
 
-        Raises `ValueError` for a config that is not a `KVCacheConfig`, and the build-time refusal of `check_model`
-        (`veloxquant cannot serve model family ...`) for a model veloxquant cannot serve."""
+        A method with a registered calibration gets one config per layer with the artifact's `path` and the `layer`
+        (`veloxquant.calibrate.layer_configs`).
+
+        Raises `ValueError` for a config that is not a `KVCacheConfig`, the build-time refusal of `check_model`
+        (`veloxquant cannot serve model family ...`) for a model veloxquant cannot serve, and when a calibrated
+        method's artifact is missing or made for something else."""
         if not isinstance(config, KVCacheConfig): raise ValueError(f"config={config!r} must be a KVCacheConfig")
         install()
         check_model(model)
-        caches = _build(model, config)
+        # one config per layer: a calibrated method gets its checked artifact's path and its layer (`veloxquant.calibrate`)
+        caches = _build(model, calibrate.layer_configs(model, config))
         for i, c in enumerate(caches):  # caches whose budget depends on the layer (e.g. PyramidKV) learn their index
             if hasattr(type(c), "place"): c.place(i, len(caches))
         return caches

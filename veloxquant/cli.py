@@ -285,6 +285,11 @@ def main(argv=None):
     sub.add_parser("serve", help="mlx-lm's OpenAI-compatible server with a compressed cache, continuous batching on (see `veloxquant serve --help`)")
     pc = sub.add_parser("precompute", help="compute the Lloyd-Max codebooks and save them as a checked safetensors artifact")
     pc.add_argument("--out", default=None, help="file to write (default: the codebook file in the cache directory)")
+    cb = sub.add_parser("calibrate", help="run a method's calibration on the calibration text (disjoint from eval) and save a checked artifact")
+    cb.add_argument("--method", required=True, help="method spec 'id:opt=val,...' of a calibrated method (e.g. spectral:key_bits=2)")
+    cb.add_argument("--model", default=None, help="mlx_lm model path, hub id or gemma3-270m (default: embedded SmolLM2-135M-Instruct)")
+    cb.add_argument("--tokens", type=int, default=4096, help="calibration tokens (from the calibration split of the text)")
+    cb.add_argument("--out", default=None, help="file to write (default: the cache directory, keyed by model fingerprint and settings)")
     e = sub.add_parser("eval", help="perplexity/KL/top-1 vs fp16, needle-in-a-haystack, attention fidelity, sizes and speed")
     e.add_argument("--model", default=None, help="mlx_lm model path, hub id or gemma3-270m (Gemma Terms of Use) (default: embedded SmolLM2-135M-Instruct)")
     e.add_argument("--methods", default=None, help="';'-separated method specs, e.g. \"fp16;affine:key_bits=4,value_bits=4\" "
@@ -309,6 +314,14 @@ def main(argv=None):
             eval_main(a)
         except ValueError as e:
             p.exit(2, f"veloxquant eval: error: {e}\n")
+    elif a.cmd == "calibrate":
+        from veloxquant.calibrate import calibrate
+        try:
+            t0 = time.time()
+            path = calibrate(a.method, a.model, tokens=a.tokens, out=a.out)
+        except ValueError as e:
+            p.exit(2, f"veloxquant calibrate: error: {e}\n")
+        print(f"wrote {path} ({path.stat().st_size / 2**20:.2f} MiB) in {time.time() - t0:.1f}s")
     elif a.cmd == "precompute":
         from veloxquant.quant import precompute
         print(f"wrote {precompute(a.out)}")

@@ -13,8 +13,8 @@ import mlx.core as mx
 # %% auto #0
 __all__ = ['SUPPORTED_HEAD_DIMS', 'ROTATIONS', 'SPHERE_DIMS', 'CODEBOOK_BITS', 'CODEBOOK_FILE', 'PACK_BITS', 'sylvester_hadamard',
            'dct_matrix', 'hadamard_like', 'randomized_hadamard', 'random_orthogonal', 'rotation', 'fwht', 'lloyd_max',
-           'dist_name', 'save_codebooks', 'load_codebooks', 'default_codebook_path', 'precompute', 'Codebook',
-           'codebook', 'packed_words', 'pack_bits', 'unpack_bits']
+           'dist_name', 'save_artifact', 'load_artifact', 'save_codebooks', 'load_codebooks', 'default_codebook_path',
+           'precompute', 'Codebook', 'codebook', 'packed_words', 'pack_bits', 'unpack_bits']
 
 # %% ../nbs/03_quant.ipynb #256efd2b
 SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -127,37 +127,55 @@ def dist_name(kind: str, dim: int | None = None) -> str:
     _density(kind, dim)
     return f"sphere{dim}" if kind == "sphere" else kind
 
-def _checksum(tensors: dict) -> str:
+def _checksum(tensors: dict, meta: dict | None = None) -> str:
+    "sha256 over every tensor's name, dtype, shape and bytes (sorted by name), then the extra metadata `meta` (sorted JSON) if any."
     h = hashlib.sha256()
     for k in sorted(tensors):
         a = np.ascontiguousarray(tensors[k])
         h.update(json.dumps([k, str(a.dtype), list(a.shape)]).encode()); h.update(a.tobytes())
+    if meta: h.update(json.dumps(meta, sort_keys=True).encode())
     return h.hexdigest()
 
-def save_codebooks(tensors: dict, path) -> Path:
-    "Write numpy `tensors` as safetensors with a sha256 of the payload in the metadata (atomic rename)."
+def save_artifact(tensors: dict, path, format: str, metadata: dict | None = None) -> Path:
+    """Write numpy `tensors` as safetensors (atomic rename) with `format` and string `metadata` in its header and a
+    sha256 (`_checksum`) of the tensors and the metadata together: a changed tensor byte or metadata value is detected.
+    The one checked-artifact writer of the package (codebooks here, calibration artifacts in `veloxquant.calibrate`)."""
     from safetensors.numpy import save_file
+    meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+    for k in ("format", "sha256"):
+        if k in meta: raise ValueError(f"metadata key {k!r} is reserved")
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp),
-              metadata={"format": _FORMAT, "sha256": _checksum(tensors)})
+              metadata={**meta, "format": format, "sha256": _checksum(tensors, meta)})
     tmp.replace(path)
     return path
 
-def load_codebooks(path) -> dict:
-    "Read a codebook artifact, verifying its checksum; `ValueError` if unreadable, of another format, or corrupt."
+def load_artifact(path, format: str, what: str = "artifact", hint: str = "delete it and create it again") -> tuple[dict, dict]:
+    """Read a checked artifact written by `save_artifact`: `(tensors, metadata)` (numpy arrays; metadata without
+    `format`/`sha256`). `ValueError` naming `what`, the path and `hint` when the file is unreadable (missing, truncated),
+    of another format, or corrupt (sha256 mismatch). Everything is read and verified before anything is returned."""
     from safetensors import safe_open
     try:
         with safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
+            meta = dict(f.metadata() or {})
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:
-        raise ValueError(f"codebook artifact {path} is unreadable ({type(e).__name__}: {e}); delete it or rerun precompute") from e
-    if meta.get("format") != _FORMAT:
-        raise ValueError(f"codebook artifact {path} has format {meta.get('format')!r}, expected {_FORMAT!r}")
-    if meta.get("sha256") != _checksum(tensors):
-        raise ValueError(f"codebook artifact {path} is corrupt: sha256 mismatch; delete it or rerun precompute")
-    return tensors
+        raise ValueError(f"{what} {path} is unreadable ({type(e).__name__}: {e}); {hint}") from e
+    if meta.get("format") != format:
+        raise ValueError(f"{what} {path} has format {meta.get('format')!r}, expected {format!r}; {hint}")
+    digest = meta.pop("sha256", None); meta.pop("format")
+    if digest != _checksum(tensors, meta):
+        raise ValueError(f"{what} {path} is corrupt: sha256 mismatch; {hint}")
+    return tensors, meta
+
+def save_codebooks(tensors: dict, path) -> Path:
+    "Write numpy `tensors` as a codebook artifact (`save_artifact`: safetensors, sha256 in the metadata, atomic rename)."
+    return save_artifact(tensors, path, _FORMAT)
+
+def load_codebooks(path) -> dict:
+    "Read a codebook artifact, verifying its checksum; `ValueError` if unreadable, of another format, or corrupt."
+    return load_artifact(path, _FORMAT, "codebook artifact", "delete it or rerun precompute")[0]
 
 def default_codebook_path() -> Path:
     from veloxquant.models import cache_dir
