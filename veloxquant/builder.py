@@ -7,6 +7,7 @@ from __future__ import annotations
 from .core import KVCacheConfig
 from .attention import install, probe_dispatch
 from .sliding import equivalent_cache
+from .group import link
 
 # %% auto #0
 __all__ = ['model_layers', 'KVCacheBuilder', 'compress', 'decompress']
@@ -24,7 +25,8 @@ class KVCacheBuilder:
     def for_model(model, config: KVCacheConfig) -> list:
         """Fresh caches for every layer of `model` (list of length `len(model.layers)`): where the model's
         own `make_cache` uses `KVCache`, `RotatingKVCache` or `ChunkedKVCache`, the method's cache or its
-        sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`).
+        sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`); the caches of a
+        cross-layer method are joined to one `veloxquant.group.CacheGroup` (`link`).
 
         Raises `ValueError` naming the model family when its own `make_cache` builds any other cache type."""
         if not isinstance(config, KVCacheConfig): raise ValueError(f"config={config!r} must be a KVCacheConfig")
@@ -32,9 +34,9 @@ class KVCacheBuilder:
         # the model's own cache factory (None: mlx-lm gives every layer a plain KVCache); after `compress`
         # `model.make_cache` is ours, so the original is read from where `compress` kept it
         orig = model._vq_original_make_cache if hasattr(model, "_vq_original_make_cache") else getattr(model, "make_cache", None)
-        if orig is None: return [config.make_cache() for _ in model_layers(model)]
+        if orig is None: return link([config.make_cache() for _ in model_layers(model)])
         family = type(model).__module__.rsplit(".", 1)[-1]
-        return [equivalent_cache(c, config, family) for c in orig()]
+        return link([equivalent_cache(c, config, family) for c in orig()])  # cross-layer methods: one cache group (veloxquant.group)
 
 def compress(model, config: KVCacheConfig, probe: bool = True):
     """Make `model.make_cache()` return fresh veloxquant caches built from `config`; returns `model`.
