@@ -57,7 +57,8 @@ def test_fp16_bit_identical_tiny(tiny_model):
 @pytest.mark.parametrize("spec", ["fp16", "fp16:reference=true", "affine:key_bits=4,value_bits=4",
                                   "affine:key_bits=3,value_bits=2,group_size=32,window=7",
                                   "xquant:window=7", "xquant:window=0,key_bits=1",
-                                  "minicache:window=7,start=0.0", "minicache:window=0,start=0.0,gamma=0.5"])
+                                  "minicache:window=7,start=0.0", "minicache:window=0,start=0.0,gamma=0.5",
+                                  "cachegen:window=8", "cachegen:window=0,chunk=4,early_bits=8"])
 def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec)
