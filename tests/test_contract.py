@@ -60,7 +60,11 @@ def test_fp16_bit_identical_tiny(tiny_model):
                                   "kivi_sink", "kitty", "gear:outlier_pct=1.0", "gear:key_bits=4,value_bits=4,rank=2,window=32",
                                   "rabitq:window=7",
                                   "rabitq:value_bits=2,value_group=32,window=0,rotation=hadamard",
-                                  "nsnquant:key_bits=1,value_bits=2,window=7", "nsnquant:window=0"])
+                                  "nsnquant:key_bits=1,value_bits=2,window=7", "nsnquant:window=0",
+                                  "xquant:window=7", "xquant:window=0,key_bits=1",
+                                  "minicache:window=7,start=0.0", "minicache:window=0,start=0.0,gamma=0.5",
+                                  "cachegen:window=8", "cachegen:window=0,chunk=4,early_bits=8",
+                                  "xkv:layers=2,key_rank=16,value_rank=24"])
 def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec)
@@ -84,7 +88,8 @@ def test_corrupt_state_refused(tiny_model):
         type(caches[0]).from_state(st_)
 
 
-@pytest.mark.parametrize("spec", ["fp16", "affine:key_bits=4,value_bits=4", "rabitq", "rabitq:window=0"])
+@pytest.mark.parametrize("spec", ["fp16", "affine:key_bits=4,value_bits=4", "rabitq", "rabitq:window=0", "xquant",
+                                  "minicache:start=0.0", "xkv:layers=2"])
 def test_trim_then_continue(tiny_model, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec); toks = list(range(10, 70))

@@ -10,6 +10,8 @@ from .core import KVCacheConfig
 from .attention import install, attention_hook
 from .sliding import equivalent_cache
 import veloxquant.calibrate as calibrate
+from .group import link
+
 
 # %% auto #0
 __all__ = ['model_layers', 'refusal', 'check_model', 'KVCacheBuilder', 'compress', 'decompress']
@@ -92,7 +94,8 @@ class KVCacheBuilder:
         """Fresh caches for every layer of `model` (list of length `len(model.layers)`): where the model's
         own `make_cache` uses `KVCache`, `RotatingKVCache` or `ChunkedKVCache`, the method's cache or its
         sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`). A cache class with a `place(layer,
-        n_layers)` method (eviction caches: per-layer budgets) is told its layer index.
+        n_layers)` method (eviction caches: per-layer budgets) is told its layer index; the caches of a
+        cross-layer method are joined to one `veloxquant.group.CacheGroup` (`link`).
 
         A method with a registered calibration gets one config per layer with the artifact's `path` and the `layer`
         (`veloxquant.calibrate.layer_configs`).
@@ -104,7 +107,7 @@ class KVCacheBuilder:
         install()
         check_model(model)
         # one config per layer: a calibrated method gets its checked artifact's path and its layer (`veloxquant.calibrate`)
-        caches = _build(model, calibrate.layer_configs(model, config))
+        caches = link(_build(model, calibrate.layer_configs(model, config)))  # cross-layer methods: one cache group
         for i, c in enumerate(caches):  # caches whose budget depends on the layer (e.g. PyramidKV) learn their index
             if hasattr(type(c), "place"): c.place(i, len(caches))
         return caches
