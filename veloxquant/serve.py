@@ -119,7 +119,6 @@ def serve_main(argv: list[str]) -> None:
     mlx-lm's server loads the model with `sharded_load` (tensor parallelism) and rank 0 serves HTTP; the model's
     head counts are checked against the group size before anything is loaded (exit 2 when they do not divide) and
     `--pipeline` exits 2 (veloxquant's caches do not support mlx-lm's pipeline stages yet)."""
-    import mlx_lm.server as srv
     p = argparse.ArgumentParser(add_help=False); p.add_argument("--method", default="affine:key_bits=4,value_bits=4")
     ns, rest = p.parse_known_args(argv)
     wants_help = "-h" in rest or "--help" in rest
@@ -161,6 +160,7 @@ def serve_main(argv: list[str]) -> None:
             dist.check_shardable(dist.model_config(model_arg), group.size())
         except (ValueError, OSError) as e:
             print(f"veloxquant serve: error: --model {model_arg}: {e}", file=sys.stderr); sys.exit(2)
+    import mlx_lm.server as srv  # after the checks: a refusal need not import the server
     stats = ServeStats(config)
     orig_load, orig_sharded, orig_http = srv.load, srv.sharded_load, srv._run_http_server
     def prepare(model, path):
