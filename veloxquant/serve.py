@@ -151,13 +151,14 @@ def serve_main(argv: list[str]) -> None:
         if i is not None and i < len(rest): rest[i] = resolve_model(rest[i])  # a name such as gemma3-270m is prepared first
     group = dist.world()
     if group.size() > 1 and not wants_help:
-        if "--pipeline" in rest:
+        if any(a.startswith("--pi") and "--pipeline".startswith(a) for a in rest):  # argparse also takes an abbreviation
             print("veloxquant serve: error: --pipeline: mlx-lm's pipeline stages tie each send to the cache's `keys` array, "
                   "which veloxquant's caches do not have; under mlx.launch veloxquant serve shards the model by heads "
                   "(tensor parallelism, mlx-lm's default): drop --pipeline", file=sys.stderr); sys.exit(2)
-        model_arg = rest[rest.index("--model") + 1]
+        j = rest.index("--model") + 1
+        model_arg = rest[j] if j < len(rest) else None  # None: mlx-lm's parser reports the missing value
         try:
-            dist.check_shardable(dist.model_config(model_arg), group.size())
+            if model_arg is not None: dist.check_shardable(dist.model_config(model_arg), group.size())
         except (ValueError, OSError) as e:
             print(f"veloxquant serve: error: --model {model_arg}: {e}", file=sys.stderr); sys.exit(2)
     import mlx_lm.server as srv  # after the checks: a refusal need not import the server
