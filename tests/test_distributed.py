@@ -92,10 +92,9 @@ def test_every_method_runs_sharded(sharded, method):
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny") / "tiny-llama-4kv"
-    p = run([sys.executable, WORKER, "tiny-model", str(d)], timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return d
+    sys.path.insert(0, str(ROOT / "tests"))
+    import distributed_worker
+    return distributed_worker.write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama-4kv")
 
 
 def eval_args(model, out):
@@ -163,8 +162,18 @@ def test_serve_under_mlx_launch(tiny_dir, tmp_path):
     assert "rank 1 of 2: 2 KV heads per rank" in log.read_text()
 
 
+REFUSALS = """
+import sys
+from veloxquant.serve import serve_main
+for args in (["--method", "fp16"], ["--model", sys.argv[1], "--pipel"]):  # the default model: 9 query, 3 KV heads
+    try: serve_main(args)
+    except SystemExit as e: print("exit", e.code, flush=True)
+"""
+
+
 def test_serve_refuses_what_it_cannot_shard(tiny_dir):
-    p = run(launch_cmd(2, [*CLI, "serve", "--method", "fp16"]), timeout=300)  # the default model: 9 query, 3 KV heads
-    assert "9 query heads and 3 KV heads" in p.stderr + p.stdout, p.stderr[-3000:]
-    p = run(launch_cmd(2, [*CLI, "serve", "--model", str(tiny_dir), "--pipeline"]), timeout=300)
-    assert "--pipeline" in p.stderr + p.stdout and "drop --pipeline" in p.stderr + p.stdout, p.stderr[-3000:]
+    p = run(launch_cmd(2, ["-c", REFUSALS, str(tiny_dir)]), timeout=300)  # both checks run before mlx-lm's server is imported
+    out = p.stderr + p.stdout
+    assert out.count("exit 2") == 4, out[-3000:]  # 2 refusals x 2 ranks
+    assert "the model has 9 query heads and 3 KV heads: tensor parallelism over 2 ranks" in out, out[-3000:]
+    assert "--pipeline: mlx-lm's pipeline stages" in out and "drop --pipeline" in out, out[-3000:]
