@@ -497,7 +497,12 @@ def eval_report(model_path=None, methods: str | None = None, tasks="ppl,kl,niah,
     """What `veloxquant eval` does: load the model (default: the embedded SmolLM2-135M-Instruct), run
     `evaluate` on `methods` (`'id:opt=v,...;id2'` specs separated by `;`, or None/`'standard'` for every
     registered method at its standard settings), print the table, and with `out` write the JSON and
-    the charts next to it. Returns the records. Raises `ValueError` for bad specs or sizes."""
+    the charts next to it. Returns the records. Raises `ValueError` for bad specs or sizes.
+
+    Under `mlx.launch` (an `mx.distributed` group of size > 1) every rank loads the model, evaluates its share of
+    the configs (`veloxquant.distributed.split_work`: round-robin; each rank runs its own fp16 reference) and the
+    records are gathered in the original order (`gather_indexed`, each with the `rank` that ran it); rank 0
+    prints the table and writes the files, every rank returns all records."""
     from veloxquant.models import load_model, openblas_preloaded
     tasks = parse_tasks(tasks)
     configs = standard_configs() if methods in (None, "", "standard") else [parse_method(s) for s in methods.split(";") if s.strip()]
@@ -508,18 +513,27 @@ def eval_report(model_path=None, methods: str | None = None, tasks="ppl,kl,niah,
         try: os.makedirs(folder, exist_ok=True)
         except OSError as e: raise ValueError(f"out={out!r}: cannot create folder {folder!r} ({e.strerror})") from None
         if not os.access(folder, os.W_OK): raise ValueError(f"out={out!r}: folder {folder!r} is not writable")
+    import veloxquant.distributed as dist
+    group = dist.world(); lead = group.rank() == 0
     t0 = time.perf_counter()
     model, tok = load_model(model_path)
-    recs = evaluate(model, tok, configs, tasks, context, n_scored, chunk, niah_lengths, niah_depths, progress=progress)
+    mine = dist.split_work(configs, group)
+    recs = evaluate(model, tok, [c for _, c in mine], tasks, context, n_scored, chunk, niah_lengths, niah_depths,
+                    progress=progress and lead) if mine else []
+    if group.size() > 1:
+        for r in recs: r["rank"] = group.rank()
+        recs = dist.gather_indexed([(i, r) for (i, _), r in zip(mine, recs)], len(configs), group)
     wall = time.perf_counter() - t0
+    if not lead: return recs
     print(results_table(recs))
-    print(f"\ncontext {context} tokens ({context - n_scored} prefill + {n_scored} scored, chunk {chunk}); wall time {wall:.1f} s; "
+    ranks = f"; {group.size()} ranks of mlx.launch, configs split round-robin" if group.size() > 1 else ""
+    print(f"\ncontext {context} tokens ({context - n_scored} prefill + {n_scored} scored, chunk {chunk}); wall time {wall:.1f} s{ranks}; "
           "bits/elt and ratio from measured nbytes (fp16 stores the model dtype: float32 on a CPU); "
           "attn/q·k err: relative errors, mean over layers")
     if out:
         meta = dict(model=str(model_path or "default: SmolLM2-135M-Instruct (embedded)"), tasks=list(tasks), context=context,
                     n_scored=n_scored, chunk=chunk, device=str(mx.default_device()), openblas=openblas_preloaded(),
-                    wall_s=wall, date=time.strftime("%Y-%m-%d %H:%M:%S"))
+                    wall_s=wall, date=time.strftime("%Y-%m-%d %H:%M:%S"), ranks=group.size())
         save_results(recs, out, meta); print(f"wrote {out}")
         if charts:
             try: print("wrote", ", ".join(save_charts(recs, out)))

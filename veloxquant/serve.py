@@ -8,6 +8,7 @@ import argparse, json, logging, os, sys, threading, time
 import mlx.core as mx
 from .core import KVCacheConfig, cache_report, method_ids, parse_method
 from .builder import compress
+import veloxquant.distributed as dist
 from .models import is_mlx_kv_flag, split_model_flag, check_model_arg
 
 # %% auto #0
@@ -21,11 +22,15 @@ class ServeStats:
     `snapshot()` → dict: `method` (the config), `requests` (per finished request: `uid`, `finish_reason`,
     `tokens` held in its cache, `cache_bytes` (compressed, resident), `fp16_bytes` (2 bytes per element),
     `compression_ratio`, `bits_per_element`, `max_batch` (most sequences decoded together with it)),
-    `decode_steps_by_batch` ({batch size: decode steps}), `max_batch`, `generated_tokens`, `decode_s`."""
+    `decode_steps_by_batch` ({batch size: decode steps}), `max_batch`, `generated_tokens`, `decode_s`, `ranks`
+    (size of the `mlx.launch` group; 1 alone). Under `mlx.launch` the model is sharded by heads: `cache_bytes`
+    and `fp16_bytes` are this rank's (rank 0's), and each request also has `rank_cache_bytes` (every rank's bytes,
+    gathered when it finishes: `veloxquant.distributed.bytes_per_rank`)."""
     def __init__(self, config: KVCacheConfig):
         self.lock = threading.Lock()
         self.config, self.requests, self.by_batch = config, [], {}
         self.generated, self.decode_s, self._uid_max = 0, 0.0, {}
+        self.ranks = dist.world().size()
 
     def step(self, uids: list, seconds: float, n_tokens: int):
         with self.lock:
@@ -39,6 +44,8 @@ class ServeStats:
         rec = dict(uid=uid, finish_reason=reason, tokens=int(caches[0].size()) if caches else 0,
                    cache_bytes=int(rep["nbytes"]), fp16_bytes=int(rep["fp16_bytes"]),
                    compression_ratio=round(rep["compression_ratio"], 3), bits_per_element=round(rep["bits_per_element"], 3))
+        if self.ranks > 1:  # every rank finishes the same request in the same step (mlx-lm keeps them in lockstep)
+            rec["rank_cache_bytes"] = dist.bytes_per_rank(caches)
         with self.lock:
             rec["max_batch"] = self._uid_max.pop(uid, 1)
             self.requests.append(rec)
@@ -49,7 +56,7 @@ class ServeStats:
             return dict(method=self.config.to_dict(), requests=list(self.requests),
                         decode_steps_by_batch={str(k): v for k, v in sorted(self.by_batch.items())},
                         max_batch=max(self.by_batch, default=0), generated_tokens=self.generated,
-                        decode_s=round(self.decode_s, 4))
+                        decode_s=round(self.decode_s, 4), ranks=self.ranks)
 
 # %% ../nbs/12_serve.ipynb #ebe6edc6
 def batch_generator_class(base, stats: ServeStats):
@@ -101,14 +108,17 @@ SERVE_HELP = """veloxquant serve: mlx_lm.server's options (below) plus
   --method SPEC   KV-cache method 'id:opt=val,...' (default affine:key_bits=4,value_bits=4); methods: {methods}
   (default --model: the embedded SmolLM2-135M-Instruct; on a CPU the weights are cast to float32;
    --kv-bits/--kv-group-size/--quantized-kv-start are mlx-lm's own cache quantization and are refused;
-   GET /veloxquant/stats reports batch sizes and compressed cache bytes)
+   GET /veloxquant/stats reports batch sizes and compressed cache bytes;
+   under mlx.launch the model is sharded by heads over the ranks, rank 0 serves HTTP, --pipeline is refused)
 """
 
 def serve_main(argv: list[str]) -> None:
     """`veloxquant serve [--method SPEC] [mlx_lm.server options]`: mlx-lm's OpenAI-compatible server (default
     host 127.0.0.1) with the model compressed by `--method` and continuous batching on. Exits with status 2
-    for a bad method spec or mlx-lm's `--kv-bits` options."""
-    import mlx_lm.server as srv
+    for a bad method spec or mlx-lm's `--kv-bits` options. Under `mlx.launch` (an `mx.distributed` group of size > 1)
+    mlx-lm's server loads the model with `sharded_load` (tensor parallelism) and rank 0 serves HTTP; the model's
+    head counts are checked against the group size before anything is loaded (exit 2 when they do not divide) and
+    `--pipeline` exits 2 (veloxquant's caches do not support mlx-lm's pipeline stages yet)."""
     p = argparse.ArgumentParser(add_help=False); p.add_argument("--method", default="affine:key_bits=4,value_bits=4")
     ns, rest = p.parse_known_args(argv)
     wants_help = "-h" in rest or "--help" in rest
@@ -139,17 +149,37 @@ def serve_main(argv: list[str]) -> None:
         except ValueError as e:
             print(f"veloxquant serve: error: {e}", file=sys.stderr); sys.exit(2)
         if i is not None and i < len(rest): rest[i] = resolve_model(rest[i])  # a name such as gemma3-270m is prepared first
+    group = dist.world()
+    if group.size() > 1 and not wants_help:
+        if any(a.startswith("--pi") and "--pipeline".startswith(a) for a in rest):  # argparse also takes an abbreviation
+            print("veloxquant serve: error: --pipeline: mlx-lm's pipeline stages tie each send to the cache's `keys` array, "
+                  "which veloxquant's caches do not have; under mlx.launch veloxquant serve shards the model by heads "
+                  "(tensor parallelism, mlx-lm's default): drop --pipeline", file=sys.stderr); sys.exit(2)
+        j = rest.index("--model") + 1
+        model_arg = rest[j] if j < len(rest) else None  # None: mlx-lm's parser reports the missing value
+        try:
+            if model_arg is not None: dist.check_shardable(dist.model_config(model_arg), group.size())
+        except (ValueError, OSError) as e:
+            print(f"veloxquant serve: error: --model {model_arg}: {e}", file=sys.stderr); sys.exit(2)
+    import mlx_lm.server as srv  # after the checks: a refusal need not import the server
     stats = ServeStats(config)
-    orig_load, orig_http = srv.load, srv._run_http_server
-    def load(path, *a, **kw):
-        res = orig_load(path, *a, **kw)
-        model = res[0]
+    orig_load, orig_sharded, orig_http = srv.load, srv.sharded_load, srv._run_http_server
+    def prepare(model, path):
         if mx.default_device() == mx.cpu: model.set_dtype(mx.float32)  # float16 arithmetic is slow on MLX's CPU back-end
         try: compress(model, config)  # the build-time refusal of a model veloxquant cannot serve, before any token
         except ValueError as e:
             # mlx-lm loads the model in its generation thread, where an exception would leave a server that never answers
             print(f"veloxquant serve: error: {e}", file=sys.stderr, flush=True); os._exit(2)
-        logging.info(f"veloxquant: {path} compressed with {config}; caches have `merge`, so continuous batching stays on")
+        where = f" (rank {group.rank()} of {group.size()}: {dist.head_counts(model)[1]} KV heads per rank)" if group.size() > 1 else ""
+        logging.info(f"veloxquant: {path} compressed with {config}{where}; caches have `merge`, so continuous batching stays on")
+    def sharded_load(path, *a, **kw):  # what mlx-lm's server loads with under mlx.launch
+        res = orig_sharded(path, *a, **kw)
+        prepare(res[0], path)
+        return res
+    srv.sharded_load = sharded_load
+    def load(path, *a, **kw):
+        res = orig_load(path, *a, **kw)
+        prepare(res[0], path)
         return res
     srv.load = load
     srv.BatchGenerator = batch_generator_class(srv.BatchGenerator, stats)
