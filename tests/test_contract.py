@@ -55,7 +55,8 @@ def test_fp16_bit_identical_tiny(tiny_model):
 
 
 @pytest.mark.parametrize("spec", ["fp16", "fp16:reference=true", "affine:key_bits=4,value_bits=4",
-                                  "affine:key_bits=3,value_bits=2,group_size=32,window=7"])
+                                  "affine:key_bits=3,value_bits=2,group_size=32,window=7", "h2o:budget=0.5",
+                                  "snapkv:budget=0.3,quantizer=turboquant:key_bits=3+value_bits=3", "adakv:budget=0.25,window=8"])
 def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec)
