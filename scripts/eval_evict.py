@@ -44,11 +44,11 @@ if not os.path.exists(a.ref):
         write(dict(method="fp16", label="fp16", config={"method": "fp16"}, context=a.context, n_scored=a.n_scored,
                    nbytes=ref.run["report"]["nbytes"], bits_per_element=ref.run["report"]["bits_per_element"], kl_mean=0.0,
                    delta_ppl_pct=0.0, top1_agreement=1.0, ppl=ref.ppl))
-    while not os.path.exists(a.ref): time.sleep(10)
+runs = [(cfg, decode_run(model, cfg, tokens, a.n_scored)) for cfg in cfgs]  # the runs first: the reference may still be computed elsewhere
+while not os.path.exists(a.ref): time.sleep(10)
 z = np.load(a.ref)
 ref = Reference(list(tokens), a.n_scored, 1, dict(logprobs=mx.array(z["logprobs"]), nll=z["nll"]))
-for cfg in cfgs:
-    run = decode_run(model, cfg, tokens, a.n_scored)
+for cfg, run in runs:
     q = compare_to_reference(ref, run); rep = run["report"]
     write(dict(method=cfg.method, label=config_label(cfg), config=cfg.to_dict(), context=a.context, n_scored=a.n_scored,
                nbytes=rep["nbytes"], bits_per_element=rep["bits_per_element"], peak_memory_mb=run["peak_memory_mb"],
