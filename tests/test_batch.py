@@ -11,7 +11,10 @@ from veloxquant.batch import VQBatchCache, FP16BatchCache, merge_caches, roll_ro
 from veloxquant.core import parse_method
 
 # every registered method at its default settings, plus fp16 windows on two methods and the fp16 reference path
-SPECS = [*vq.method_ids(), "fp16:reference=True", "affine:key_bits=4,value_bits=4,window=8", "turboquant:window=16"]
+from veloxquant.group import GroupedCache
+CROSS_LAYER = [m for m in vq.method_ids() if isinstance(vq.KVCacheConfig(m).make_cache(), GroupedCache)]  # refused (test_cross_layer_refuses_batch)
+SPECS = [*(m for m in vq.method_ids() if m not in CROSS_LAYER), "fp16:reference=True", "affine:key_bits=4,value_bits=4,window=8",
+         "turboquant:window=16"]
 PROMPTS = [[(7 * i + 3 * j) % 128 for j in range(n)] for i, n in enumerate([37, 5, 70, 18])]
 
 
@@ -87,6 +90,14 @@ def test_batch_equals_one_by_one(sharp_model, spec):
         assert [c[0].offset for c in caches] == [len(p) + k for p, k in zip(PROMPTS, n)]  # the last token emitted was fed too
     if spec != "fp16":
         assert isinstance(merge_caches([c[0] for c in caches]), VQBatchCache)
+
+
+@pytest.mark.parametrize("spec", CROSS_LAYER)
+def test_cross_layer_refuses_batch(sharp_model, spec):
+    "Methods with state shared across layers (a cache group) have no group merge: mlx-lm's batch merge is refused before any token runs."
+    vq.compress(sharp_model, parse_method(spec))
+    with pytest.raises(ValueError, match="no group merge exists"):
+        batched(sharp_model, PROMPTS, [3, 3, 3, 3])
 
 
 def test_compression_changes_tokens(sharp_model):
@@ -183,7 +194,7 @@ def test_refused_configurations(sharp_model):
     assert vq.KVCacheConfig("affine", window=4).make_cache().is_trimmable()  # a window trims (see test_prefix_reuse.py)
 
 
-@pytest.mark.parametrize("method", vq.method_ids())
+@pytest.mark.parametrize("method", [m for m in vq.method_ids() if m not in CROSS_LAYER])  # cross-layer methods never batch
 def test_padding_filler_is_finite(method):
     "Codes of zero vectors (what padding positions hold) decode to finite numbers for every method."
     c = vq.KVCacheConfig(method).make_cache()

@@ -9,7 +9,7 @@ from veloxquant.builder import KVCacheBuilder
 from veloxquant.cache import VQCache
 from veloxquant.methods.fp16 import IdentityCodec
 
-QUANT_METHODS = [m for m in method_ids() if m != "fp16"]
+QUANT_METHODS = [m for m in method_ids() if m not in ("fp16", "xkv")]  # xkv keeps every token after the compressed prompt in fp16: no `sinks`/`window`
 
 
 def feed(model, caches, toks, chunks):
