@@ -12,9 +12,11 @@ from veloxquant.core import parse_method
 
 # every registered method at its default settings, plus fp16 windows on two methods and the fp16 reference path
 from veloxquant.evict import eviction_methods
+from veloxquant.group import GroupedCache
 EVICTION = eviction_methods()  # refused in batches (test_eviction_refuses_batch)
+CROSS_LAYER = [m for m in vq.method_ids() if isinstance(vq.KVCacheConfig(m).make_cache(), GroupedCache)]  # refused (test_cross_layer_refuses_batch)
 GROUPED = {m for m in vq.method_ids() if getattr(vq.get_method(m).config_cls, "token_grouped", False)}
-SPECS = [*(m for m in vq.method_ids() if m not in EVICTION), "fp16:reference=True", "affine:key_bits=4,value_bits=4,window=8",
+SPECS = [*(m for m in vq.method_ids() if m not in EVICTION and m not in CROSS_LAYER), "fp16:reference=True", "affine:key_bits=4,value_bits=4,window=8",
          "turboquant:window=16"]
 PROMPTS = [[(7 * i + 3 * j) % 128 for j in range(n)] for i, n in enumerate([37, 5, 70, 18])]
 
@@ -105,6 +107,14 @@ def test_eviction_refuses_batch(sharp_model, spec):
         batched(sharp_model, PROMPTS, [3, 3, 3, 3])
     with pytest.raises(ValueError, match="no batch cache"):  # veloxquant.batch's own merge refuses them too
         merge_caches([sharp_model.make_cache()[0] for _ in range(2)])
+
+
+@pytest.mark.parametrize("spec", CROSS_LAYER)
+def test_cross_layer_refuses_batch(sharp_model, spec):
+    "Methods with state shared across layers (a cache group) have no group merge: mlx-lm's batch merge is refused before any token runs."
+    vq.compress(sharp_model, parse_method(spec))
+    with pytest.raises(ValueError, match="no group merge exists"):
+        batched(sharp_model, PROMPTS, [3, 3, 3, 3])
 
 
 def test_compression_changes_tokens(sharp_model):
@@ -201,7 +211,7 @@ def test_refused_configurations(sharp_model):
     assert vq.KVCacheConfig("affine", window=4).make_cache().is_trimmable()  # a window trims (see test_prefix_reuse.py)
 
 
-@pytest.mark.parametrize("method", vq.method_ids())
+@pytest.mark.parametrize("method", [m for m in vq.method_ids() if m not in CROSS_LAYER])  # cross-layer methods never batch
 def test_padding_filler_is_finite(method):
     "Codes of zero vectors (what padding positions hold) decode to finite numbers for every method."
     from veloxquant.calibrate import calibration_of

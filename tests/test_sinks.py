@@ -10,7 +10,8 @@ from veloxquant.cache import VQCache
 from veloxquant.methods.fp16 import IdentityCodec
 
 from veloxquant.evict import eviction_methods
-QUANT_METHODS = [m for m in method_ids() if m != "fp16" and m not in eviction_methods()]  # eviction methods have no `sinks`/`window` of a quantizer
+# eviction methods have no `sinks`/`window` of a quantizer; xkv keeps every token after the compressed prompt in fp16
+QUANT_METHODS = [m for m in method_ids() if m not in ("fp16", "xkv") and m not in eviction_methods()]
 
 
 def feed(model, caches, toks, chunks):
