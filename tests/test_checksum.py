@@ -68,3 +68,26 @@ def test_checksum(name, tmp_path):
     with pytest.warns(UserWarning, match="no checksum"):
         (o,) = load_prompt_cache(str(oldp))
     assert type(o) is type(c)
+
+
+@pytest.mark.parametrize("mid", vq.method_ids())
+def test_every_method_seals_its_state(mid, tiny_model, tmp_path):
+    "Every registered method at its defaults: a saved cache loads without warning, and its largest stored array edited is refused."
+    try:
+        caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig(mid))
+    except ValueError as e:  # a calibrated method without an artifact for this random model
+        pytest.skip(f"{mid}: {str(e)[:120]}")
+    mx.eval(tiny_model(mx.array([[i % 120 + 3 for i in range(200)]]), cache=caches))
+    for t in range(4): mx.eval(tiny_model(mx.array([[t + 5]]), cache=caches))
+    path = tmp_path / "c.safetensors"
+    save_prompt_cache(str(path), caches)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_prompt_cache(str(path))
+    arrays, meta = arrays_of(path)
+    key = max((k for k, v in arrays.items() if v.ndim >= 3 and "checksum" not in k), key=lambda k: arrays[k].size)
+    a = arrays[key]; flat = a.reshape(-1)
+    bad = tmp_path / "bad.safetensors"
+    mx.save_safetensors(str(bad), dict(arrays, **{key: flat.at[flat.size // 2].add(1).reshape(a.shape)}), meta)
+    with pytest.raises(ValueError, match="checksum does not match"):
+        load_prompt_cache(str(bad))

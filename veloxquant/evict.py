@@ -8,7 +8,7 @@ import functools, json, math
 from dataclasses import dataclass
 import mlx.core as mx
 from .core import MethodConfig, KVCacheConfig, parse_method, check_int
-from .cache import VQCache, block_tokens, register_cache_class
+from .cache import VQCache, block_tokens, register_cache_class, seal_state, verify_state
 import veloxquant.attention as attention
 import veloxquant.models as models
 
@@ -439,10 +439,11 @@ class EvictCache(VQCache):
             st["v"] = {k: a[:, :, :self.n] for k, a in self.v_held.items()}
             st["pos"], st["score"] = self.pos[:, :, :self.n], self.score[:, :, :self.n]
         if self.obs_w is not None: st["obs_q"], st["obs_w"] = self.obs_q, self.obs_w
-        return st
+        return seal_state(st)  # a `checksum` of all of it (an edited file is refused)
 
     @state.setter
     def state(self, st):
+        verify_state(st, type(self).__name__)
         config = KVCacheConfig.from_dict(json.loads(st["config"]))
         fresh = config.make_cache()
         if type(fresh).__name__ != type(self).__name__:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, uuid, weakref
 import mlx.core as mx
 from .core import check_int
-from .cache import VQCache, register_cache_class
+from .cache import VQCache, register_cache_class, seal_state, verify_state
 
 # %% auto #0
 __all__ = ['GroupedCache', 'CacheGroup', 'register_group_merge', 'link', 'relink', 'layer_report']
@@ -149,11 +149,12 @@ class GroupedCache(VQCache):
     def state(self):
         st = VQCache.state.fget(self)
         st["group"] = self.group.info(self.layer_index)
-        return st
+        return seal_state(st)  # the checksum covers the group record too
 
     @state.setter
     def state(self, st):
         if "group" not in st: raise ValueError("corrupt cache state: no cache group recorded for a cross-layer method")
+        verify_state(st, type(self).__name__)
         info = json.loads(st["group"]); g = _group_for(info)
         _JOINING.append((g, int(info["layer"])))
         try: VQCache.state.fset(self, st)

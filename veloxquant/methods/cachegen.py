@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int
-from ..cache import Codec, register_cache_class
+from ..cache import Codec, register_cache_class, seal_state, verify_state
 from ..quant import pack_bits, unpack_bits
 from ..group import GroupedCache
 
@@ -180,10 +180,11 @@ class CacheGenCache(GroupedCache):
                 coded = self._code_side(codec, st.pop(side))
                 st[f"{side}_coded"] = {k: (mx.array(v) if isinstance(v, np.ndarray) else {kk: mx.array(vv) for kk, vv in v.items()})
                                        for k, v in coded.items()}
-        return st
+        return seal_state(st)  # the checksum covers the coded streams as saved
 
     @state.setter
     def state(self, st):
+        verify_state(st, type(self).__name__)  # the state as saved (coded streams), before it is decoded
         st = dict(st)
         coded = {side: st.pop(f"{side}_coded") for side in ("k", "v") if f"{side}_coded" in st}
         if coded:  # rebuild the codecs of this layer first (its bins depend on its place in the group)
@@ -198,7 +199,7 @@ class CacheGenCache(GroupedCache):
                 if side in coded:
                     np_st = {k: (np.array(v) if isinstance(v, mx.array) else {kk: np.array(vv) for kk, vv in v.items()}) for k, v in coded[side].items()}
                     st[side] = self._decode_side(mk(d), np_st)
-        GroupedCache.state.fset(self, st)
+        GroupedCache.state.fset(self, seal_state(st))  # checked above; resealed for the decoded form
 
     def saved_nbytes(self) -> int:
         "Bytes of this layer's arrays as `save_prompt_cache` writes them (the coded streams, fp16 window and sinks)."

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 from ..core import MethodConfig, KVCacheConfig, register_method, check_int
-from ..cache import Codec, register_cache_class
+from ..cache import Codec, register_cache_class, seal_state
 from ..group import GroupedCache
 from .xquant import check_float
 
@@ -227,7 +227,7 @@ class MiniCacheCache(GroupedCache):
             if role == "upper" and self.ret[side]["pos"]:
                 r = self.ret[side]
                 st[f"{side}_ret_pos"] = mx.array(r["pos"], mx.int32); st[f"{side}_ret_lo"], st[f"{side}_ret_up"] = r["lo"], r["up"]
-        return st
+        return seal_state(st)  # the checksum covers the retained tokens too
 
     @state.setter
     def state(self, st):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int
-from ..cache import Codec, TokenStore, register_cache_class
+from ..cache import Codec, TokenStore, register_cache_class, seal_state, verify_state
 from ..group import GroupedCache
 
 # %% auto #0
@@ -166,15 +166,16 @@ class XKVCache(GroupedCache):
         st = GroupedCache.state.fget(self)
         st["prefix"] = self.prefix
         for side, b in self.proj.items(): st[f"{side}_proj"] = b
-        return st
+        return seal_state(st)  # the checksum covers the projections too
 
     @state.setter
     def state(self, st):
+        verify_state(st, type(self).__name__)  # the whole state, projections included
         st = dict(st)
         prefix = int(st.pop("prefix", 0)); proj = {s: st.pop(f"{s}_proj") for s in _SIDES if f"{s}_proj" in st}
         ranks = {s: proj[s].shape[2] for s in proj}
         self.__dict__["_load_ranks"] = ranks
-        GroupedCache.state.fset(self, st)
+        GroupedCache.state.fset(self, seal_state(st))  # checked above; resealed without the projections
         self.prefix, self.proj = prefix, proj
         for s, r in ranks.items(): self._ensure_rank(s, r)
         if self.k_store.length != prefix or (prefix and set(proj) != set(_SIDES)):
