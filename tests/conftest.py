@@ -31,3 +31,17 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+def uncalibrated(ids):
+    """`ids` without the methods that need a calibration artifact made for the model at hand (`veloxquant.calibrate`):
+    the method-generic tests build caches without a model; tests/test_architectures.py calibrates those methods on each
+    tiny model and tests/test_calibrate.py checks their artifacts."""
+    from veloxquant.calibrate import calibration_of
+    return [m for m in ids if calibration_of(m.split(":")[0]) is None]
+
+
+def keeps_sequence_state(spec) -> bool:
+    "Whether a method spec's config says it keeps per-sequence statistics (no exact trim, batching refused at build time)."
+    from veloxquant.core import parse_method
+    return bool(getattr(parse_method(spec).options, "sequence_state", False))

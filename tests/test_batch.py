@@ -15,8 +15,10 @@ from veloxquant.evict import eviction_methods
 from veloxquant.group import GroupedCache
 EVICTION = eviction_methods()  # refused in batches (test_eviction_refuses_batch)
 CROSS_LAYER = [m for m in vq.method_ids() if isinstance(vq.KVCacheConfig(m).make_cache(), GroupedCache)]  # refused (test_cross_layer_refuses_batch)
-GROUPED = {m for m in vq.method_ids() if getattr(vq.get_method(m).config_cls, "token_grouped", False)}
-SPECS = [*(m for m in vq.method_ids() if m not in EVICTION and m not in CROSS_LAYER), "fp16:reference=True", "affine:key_bits=4,value_bits=4,window=8",
+from conftest import uncalibrated, keeps_sequence_state
+# refused when the batch cache is built: codecs that encode token groups, or keep per-sequence statistics
+GROUPED = {m for m in vq.method_ids() if getattr(vq.get_method(m).config_cls, "token_grouped", False) or keeps_sequence_state(m)}
+SPECS = [*(m for m in uncalibrated(vq.method_ids()) if m not in EVICTION and m not in CROSS_LAYER), "fp16:reference=True", "affine:key_bits=4,value_bits=4,window=8",
          "turboquant:window=16"]
 PROMPTS = [[(7 * i + 3 * j) % 128 for j in range(n)] for i, n in enumerate([37, 5, 70, 18])]
 
@@ -85,7 +87,7 @@ def test_batch_equals_one_by_one(sharp_model, spec):
     vq.compress(sharp_model, parse_method(spec))
     n = [12, 7, 12, 3]
     if spec in GROUPED:  # methods whose codecs encode token groups are refused when the batch cache is built
-        with pytest.raises(ValueError, match="encodes tokens in groups|sink tokens are not supported"):
+        with pytest.raises(ValueError, match="encodes tokens in groups|sink tokens are not supported|per-sequence statistics"):
             batched(sharp_model, PROMPTS, n)
         return
     refs = {step: [one_by_one(sharp_model, p, k, step) for p, k in zip(PROMPTS, n)] for step in (2048, 16)}

@@ -21,7 +21,8 @@ def trimmable_specs():
     """Every registered method at default settings — each must say it trims (and the trims used here are exact) — except
     the eviction methods and `cachegen` (tokens coded in chunks), which refuse trims (`test_inexact_trim_is_declared`)."""
     from veloxquant.evict import eviction_methods
-    return [m for m in vq.method_ids() if m not in eviction_methods() and m != "cachegen"] + ["fp16:reference=True"]
+    from conftest import uncalibrated, keeps_sequence_state
+    return [m for m in uncalibrated(vq.method_ids()) if m not in eviction_methods() and m != "cachegen" and not keeps_sequence_state(m)] + ["fp16:reference=True"]
 
 
 def feed(model, cache, toks):
@@ -55,7 +56,7 @@ def test_save_load_trim_continue(sharp_model, spec, tmp_path):
 
 
 @pytest.mark.parametrize("spec", ["turboquant:center=True", "h2o:budget=0.5", "snapkv:budget=0.5", "streaming_llm:capacity=16",
-                                  "tova:budget=0.5", "knorm:budget=0.5", "cachegen"])
+                                  "tova:budget=0.5", "knorm:budget=0.5", "cachegen", "nsnquant"])
 def test_inexact_trim_is_declared(sharp_model, spec):
     """A per-sequence mean (turboquant center=True, set by the first chunk encoded) makes trimming inexact, and eviction
     methods cannot bring evicted tokens back: `is_trimmable()` is False, so mlx-lm's LRUPromptCache never trims it — it reuses only exact shorter prefixes."""

@@ -12,7 +12,8 @@ import veloxquant as vq
 from veloxquant.attention import dispatch
 from veloxquant.core import method_ids
 
-METHODS = method_ids()
+from conftest import uncalibrated
+METHODS = uncalibrated(method_ids())
 VOCAB = 128
 
 # One op = ("feed", n tokens) | ("generate", n new tokens) | ("trim", fraction of the offset) | ("saveload", 0).

@@ -45,6 +45,9 @@ def _check_batchable(c) -> None:
     if getattr(type(c.config.options), "token_grouped", False):  # known before the codecs exist: refused when the batch is built
         raise ValueError(f"method {c.config.method!r} encodes tokens in groups along the sequence (token_group > 1); batching it "
                          "would mix padding and other sequences into a group's statistics, so it is refused")
+    if getattr(c.config.options, "sequence_state", False):  # a config that says so (e.g. turboquant center=True): refused before any token
+        raise ValueError(f"method {c.config.method!r} with {c.config.options} keeps per-sequence statistics (sequence_state); "
+                         "batching it would mix padding and other sequences into them, so it is refused")
     for codec in (c.k_codec, c.v_codec):
         if codec is not None and (codec.token_group != 1 or codec.sequence_state):
             raise ValueError(f"method {c.config.method!r} with {c.config.options} encodes tokens in groups or keeps per-sequence "

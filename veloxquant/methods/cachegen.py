@@ -201,6 +201,10 @@ class CacheGenCache(GroupedCache):
                     st[side] = self._decode_side(mk(d), np_st)
         GroupedCache.state.fset(self, seal_state(st))  # checked above; resealed for the decoded form
 
+    def is_trimmable(self) -> bool:
+        "False: chunks are coded whole against their anchor (see the deviation), so mlx-lm never trims this cache."
+        return False
+
     def saved_nbytes(self) -> int:
         "Bytes of this layer's arrays as `save_prompt_cache` writes them (the coded streams, fp16 window and sinks)."
         return sum(a.nbytes for a in _leaves(self.state))

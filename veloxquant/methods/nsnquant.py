@@ -32,6 +32,7 @@ class NSNQuantConfig(MethodConfig):
     window: int = 64
     sinks: int = 0
     seed: int = 0
+    sequence_state = True  # not a field: the shift mu comes from the first chunk (no exact trim, batching refused at build time)
     def validate(self):
         check_choice("key_bits", self.key_bits, NSN_BITS); check_choice("value_bits", self.value_bits, NSN_BITS)
         check_int("window", self.window, 0); check_int("sinks", self.sinks, 0); check_int("seed", self.seed, 0)

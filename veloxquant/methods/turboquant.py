@@ -59,6 +59,8 @@ class TurboQuantConfig(MethodConfig):
     center: bool = False
     variant: str = "mse"
     use_kernels: bool = True
+    @property
+    def sequence_state(self) -> bool: return self.center  # the mean key of the first chunk: no exact trim, no batching
     def validate(self):
         check_bits("key_bits", self.key_bits); check_bits("value_bits", self.value_bits)
         check_int("window", self.window, 0); check_int("sinks", self.sinks, 0); check_int("seed", self.seed, 0)
