@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int
-from ..cache import Codec
+from ..cache import Codec, register_cache_class
 from ..quant import rotation, save_artifact, load_artifact
 import veloxquant.models as models
 from .turboquant import TurboQuantCache
 
 # %% auto #0
-__all__ = ['NSN_BITS', 'NSN_SUB_DIM', 'NSN_CENTROIDS', 'NSN_CODEBOOK_FILE', 'METHOD', 'STANDARD_SETTINGS', 'NSNQuantConfig',
-           'nearest', 'kmeans', 'train_codebooks', 'nsn_codebooks', 'NSNCodec']
+__all__ = ['NSN_BITS', 'NSN_SUB_DIM', 'NSN_CENTROIDS', 'NSN_CODEBOOK_FILE', 'NSNQuantCache', 'METHOD', 'STANDARD_SETTINGS',
+           'NSNQuantConfig', 'nearest', 'kmeans', 'train_codebooks', 'nsn_codebooks', 'NSNCodec']
 
 # %% ../../nbs/methods/nsnquant.ipynb #d2acfa94
 NSN_BITS = (1, 2)
@@ -151,10 +151,19 @@ class NSNCodec(Codec):
 
     def bits_per_vector(self) -> int: return 8 * self.G * self.bits + 32
 
+class NSNQuantCache(TurboQuantCache):
+    "`TurboQuantCache` (which saves, reloads and counts the per-head means) that refuses batching when mlx-lm builds a batch."
+    @classmethod
+    def merge(cls, caches):
+        raise ValueError("method 'nsnquant' keeps a per-sequence mean (the shift, from the first chunk encoded): batch "
+                         "generation is refused; generate one sequence at a time")
+
+NSNQuantCache = register_cache_class(NSNQuantCache)
+
 def _make(config: KVCacheConfig):
     cfg = config.options
     codecs = lambda kd, vd: (NSNCodec(kd, cfg.key_bits, cfg.seed), NSNCodec(vd, cfg.value_bits, cfg.seed + 1))
-    return TurboQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
+    return NSNQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
 
 METHOD = register_method("nsnquant", NSNQuantConfig, _make,
                          "normalize-shift-normalize + Hadamard, VQ with one universal codebook from synthetic Gaussians, "
