@@ -12,7 +12,8 @@ import veloxquant as vq
 from veloxquant.attention import dispatch
 from veloxquant.core import method_ids
 
-METHODS = method_ids()
+from veloxquant.calibrate import calibration_of
+METHODS = [m for m in method_ids() if calibration_of(m) is None]  # calibrated methods (spectral) need a model's artifact: covered by test_calibrate/test_batch/test_architectures
 VOCAB = 128
 
 # One op = ("feed", n tokens) | ("generate", n new tokens) | ("trim", fraction of the offset) | ("saveload", 0).

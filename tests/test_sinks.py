@@ -9,7 +9,8 @@ from veloxquant.builder import KVCacheBuilder
 from veloxquant.cache import VQCache
 from veloxquant.methods.fp16 import IdentityCodec
 
-QUANT_METHODS = [m for m in method_ids() if m != "fp16"]
+from veloxquant.calibrate import calibration_of
+QUANT_METHODS = [m for m in method_ids() if m != "fp16" and calibration_of(m) is None]  # calibrated methods (spectral) need a model's artifact: covered by test_calibrate/test_batch/test_architectures
 
 
 def feed(model, caches, toks, chunks):

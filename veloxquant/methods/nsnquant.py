@@ -83,11 +83,13 @@ def nsn_codebooks(path=None) -> tuple:
 class NSNCodec(Codec):
     """NSNQuant codes of one side of one layer: `n1` = ‖x‖ and `n2` = ‖s‖/√D (fp16 [B, H, T, 1]), `c{i}` uint8
     [B, H, T, D/8] per VQ stage; `mu` [B, H, 1, D] float32 (set by the first `encode`, see the deviation)."""
-    sequence_state = True   # mu comes from the first chunk: no exact trim, no batching
-    def __init__(self, head_dim: int, bits: int, seed: int = 0):
+    def __init__(self, head_dim: int, bits: int, seed: int = 0, window: int = 0):
         if head_dim % NSN_SUB_DIM: raise ValueError(f"head_dim={head_dim} is not a multiple of {NSN_SUB_DIM}; nsnquant needs sub-vectors of 8")
         super().__init__(head_dim)
         self.bits, self.mu = bits, None
+        # window 0: mu comes from the first prefill chunk itself, so a trim changes it (no exact trim); with a window it
+        # comes from the first blocks that leave it, which a trim `exact_trim` allows never removes (see the deviation)
+        self.sequence_state = window == 0
         self.R = rotation("hadamard", head_dim, seed)
         self.rot_name = f"rotation/hadamard/d{head_dim}/seed{seed}"
         self.books = nsn_codebooks()[:bits]
@@ -162,7 +164,7 @@ NSNQuantCache = register_cache_class(NSNQuantCache)
 
 def _make(config: KVCacheConfig):
     cfg = config.options
-    codecs = lambda kd, vd: (NSNCodec(kd, cfg.key_bits, cfg.seed), NSNCodec(vd, cfg.value_bits, cfg.seed + 1))
+    codecs = lambda kd, vd: (NSNCodec(kd, cfg.key_bits, cfg.seed, cfg.window), NSNCodec(vd, cfg.value_bits, cfg.seed + 1, cfg.window))
     return NSNQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
 
 METHOD = register_method("nsnquant", NSNQuantConfig, _make,
