@@ -77,17 +77,23 @@ def test_fp16_batch_is_stock_mlx_lm(sharp_model):
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_batch_equals_one_by_one(sharp_model, spec):
+def test_batch_equals_one_by_one(sharp_model, spec, tmp_path):
     """Tokens of BatchGenerator (prompts of 37/5/70/18 tokens, different max_tokens so rows leave at different
     steps; all at once, with continuous batching: 2 prompts per prefill, 3 decoding rows, and with 16-token
     prefill chunks, so later chunks attend over compressed history while rows are split off) equal one-by-one
     generation with the same method and chunking. Log-probabilities agree to float32 reduction order only: padded rows
     reduce over more (masked) positions and blockwise softmax blocks start at other tokens, so bitwise
     equality of logits is not possible; tokens (greedy) are."""
-    vq.compress(sharp_model, parse_method(spec))
+    from veloxquant.calibrate import calibration_of, calibrate
+    cfg = parse_method(spec)
+    if calibration_of(cfg.method) is not None:  # a calibrated method: calibrate this model first (a temporary artifact)
+        path = calibrate(cfg, sharp_model, tokens=[(5 * i + 1) % 128 for i in range(256)], window=128, progress=False,
+                         out=tmp_path / "calibration.safetensors")
+        cfg = vq.KVCacheConfig.from_dict({**cfg.to_dict(), "path": str(path)})
+    vq.compress(sharp_model, cfg)
     n = [12, 7, 12, 3]
     if spec in GROUPED:  # methods whose codecs encode token groups are refused when the batch cache is built
-        with pytest.raises(ValueError, match="encodes tokens in groups|sink tokens are not supported|per-sequence statistics"):
+        with pytest.raises(ValueError, match="encodes tokens in groups|sink tokens are not supported|per-sequence statistics|batch generation is refused"):
             batched(sharp_model, PROMPTS, n)
         return
     refs = {step: [one_by_one(sharp_model, p, k, step) for p, k in zip(PROMPTS, n)] for step in (2048, 16)}

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int
-from ..cache import Codec
+from ..cache import Codec, register_cache_class
 from ..quant import rotation, save_artifact, load_artifact
 import veloxquant.models as models
 from .turboquant import TurboQuantCache
 
 # %% auto #0
-__all__ = ['NSN_BITS', 'NSN_SUB_DIM', 'NSN_CENTROIDS', 'NSN_CODEBOOK_FILE', 'METHOD', 'STANDARD_SETTINGS', 'NSNQuantConfig',
-           'nearest', 'kmeans', 'train_codebooks', 'nsn_codebooks', 'NSNCodec']
+__all__ = ['NSN_BITS', 'NSN_SUB_DIM', 'NSN_CENTROIDS', 'NSN_CODEBOOK_FILE', 'NSNQuantCache', 'METHOD', 'STANDARD_SETTINGS',
+           'NSNQuantConfig', 'nearest', 'kmeans', 'train_codebooks', 'nsn_codebooks', 'NSNCodec']
 
 # %% ../../nbs/methods/nsnquant.ipynb #d2acfa94
 NSN_BITS = (1, 2)
@@ -84,11 +84,13 @@ def nsn_codebooks(path=None) -> tuple:
 class NSNCodec(Codec):
     """NSNQuant codes of one side of one layer: `n1` = ‖x‖ and `n2` = ‖s‖/√D (fp16 [B, H, T, 1]), `c{i}` uint8
     [B, H, T, D/8] per VQ stage; `mu` [B, H, 1, D] float32 (set by the first `encode`, see the deviation)."""
-    sequence_state = True   # mu comes from the first chunk: no exact trim, no batching
-    def __init__(self, head_dim: int, bits: int, seed: int = 0):
+    def __init__(self, head_dim: int, bits: int, seed: int = 0, window: int = 0):
         if head_dim % NSN_SUB_DIM: raise ValueError(f"head_dim={head_dim} is not a multiple of {NSN_SUB_DIM}; nsnquant needs sub-vectors of 8")
         super().__init__(head_dim)
         self.bits, self.mu = bits, None
+        # window 0: mu comes from the first prefill chunk itself, so a trim changes it (no exact trim); with a window it
+        # comes from the first blocks that leave it, which a trim `exact_trim` allows never removes (see the deviation)
+        self.sequence_state = window == 0
         self.R = rotation("hadamard", head_dim, seed)
         self.rot_name = f"rotation/hadamard/d{head_dim}/seed{seed}"
         self.books = nsn_codebooks()[:bits]
@@ -152,10 +154,19 @@ class NSNCodec(Codec):
 
     def bits_per_vector(self) -> int: return 8 * self.G * self.bits + 32
 
+class NSNQuantCache(TurboQuantCache):
+    "`TurboQuantCache` (which saves, reloads and counts the per-head means) that refuses batching when mlx-lm builds a batch."
+    @classmethod
+    def merge(cls, caches):
+        raise ValueError("method 'nsnquant' keeps a per-sequence mean (the shift, from the first chunk encoded): batch "
+                         "generation is refused; generate one sequence at a time")
+
+NSNQuantCache = register_cache_class(NSNQuantCache)
+
 def _make(config: KVCacheConfig):
     cfg = config.options
-    codecs = lambda kd, vd: (NSNCodec(kd, cfg.key_bits, cfg.seed), NSNCodec(vd, cfg.value_bits, cfg.seed + 1))
-    return TurboQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
+    codecs = lambda kd, vd: (NSNCodec(kd, cfg.key_bits, cfg.seed, cfg.window), NSNCodec(vd, cfg.value_bits, cfg.seed + 1, cfg.window))
+    return NSNQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
 
 METHOD = register_method("nsnquant", NSNQuantConfig, _make,
                          "normalize-shift-normalize + Hadamard, VQ with one universal codebook from synthetic Gaussians, "

@@ -86,7 +86,8 @@ def bit_groups(bits) -> list[tuple[int, int, int]]:
 
 class SpectralKeyCodec(Codec):
     """Keys of one layer in their calibrated eigenbasis: per-token fp16 scale `s`, per-coordinate Gaussian Lloyd–Max
-    codes of `z = Uᵀ(k−μ) / (σ s)` with the water-filled bits (packed per run of equal bits). `t` holds the layer's
+    codes of `z = Uᵀ(k−μ) / (σ s)` with the water-filled bits, all codes of a key in one packed bit stream (`codes`
+    uint32 [B, H, T, ⌈Σb/32⌉]: exactly `key_bits·D` bits, TurboQuant's size). `t` holds the layer's
     tensors from the artifact (`basis` [H, D, D], `sigma` [H, D], `mean` [H, D], `bits` [D])."""
     compilable = True  # scores read only their arguments and the constant calibrated arrays
 
@@ -102,6 +103,16 @@ class SpectralKeyCodec(Codec):
             cb = codebook("gaussian", b)
             self.groups.append((s, e, b, cb.centroids, cb.boundaries))
         self.kept = self.groups[-1][1] if self.groups else 0   # coordinates with at least one bit
+        # one bit stream per key: code j takes bits [o_j, o_j + b_j); unpacking is a matmul with W (W[o_j + i, j] = 2^i)
+        b = self.bits[:self.kept].astype(np.int64)
+        self.total = int(b.sum())
+        src = np.repeat(np.arange(self.kept), b); shift = np.concatenate([np.arange(x) for x in b]) if self.kept else np.zeros(0)
+        W = np.zeros((self.total, self.kept), np.float32); W[np.arange(self.total), src] = 2.0 ** shift
+        table = np.zeros((self.kept, 1 << SPECTRAL_MAX_BITS), np.float32)
+        for a, e, bb, c, t in self.groups: table[a:e, :1 << bb] = np.array(c)[None]
+        self.src, self.shift = mx.array(src.astype(np.int32)), mx.array(shift.astype(np.uint32))
+        self.W, self.table = mx.array(W), mx.array(table.reshape(-1))
+        self.offs = mx.array((np.arange(self.kept) << SPECTRAL_MAX_BITS).astype(np.uint32))
         self.name = f"spectral/layer{layer}"
         self._qkey = self._qrot = None
 
@@ -115,16 +126,16 @@ class SpectralKeyCodec(Codec):
         zs = y / self._heads(self.sigma)
         s = mx.sqrt((zs * zs).mean(-1, keepdims=True))
         z = zs / mx.maximum(s, 1e-30)
-        enc = {"scale": s.astype(mx.float16)}
-        for i, (a, e, b, c, t) in enumerate(self.groups):
-            codes = (mx.expand_dims(z[..., a:e], -1) > t).sum(-1).astype(mx.uint32)
-            enc[f"c{i}"] = pack_bits(codes, b)
-        return enc
+        codes = [(mx.expand_dims(z[..., a:e], -1) > t).sum(-1).astype(mx.uint32) for a, e, b, c, t in self.groups]
+        codes = codes[0] if len(codes) == 1 else mx.concatenate(codes, axis=-1)          # [B, H, T, kept]
+        bits = (mx.take(codes, self.src, axis=-1) >> self.shift) & 1                      # [B, H, T, total]
+        return {"scale": s.astype(mx.float16), "codes": pack_bits(bits, 1)}
 
     def coords(self, blk) -> mx.array:
         "Dequantized z of the kept coordinates, float32 [B, H, t, kept]."
-        parts = [c[unpack_bits(blk[f"c{i}"], b, e - a)] for i, (a, e, b, c, t) in enumerate(self.groups)]
-        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+        bits = unpack_bits(blk["codes"], 1, self.total).astype(mx.float32)
+        codes = mx.round(bits @ self.W).astype(mx.uint32)
+        return mx.take(self.table, codes + self.offs)
 
     def decode(self, blk):
         z = self.coords(blk) * blk["scale"].astype(mx.float32)
@@ -148,9 +159,9 @@ class SpectralKeyCodec(Codec):
 
     def shared_artifacts(self):
         n = self.name
-        return {f"{n}/basis": self.U, f"{n}/sigma": self.sigma, f"{n}/mean": self.mu}
+        return {f"{n}/basis": self.U, f"{n}/sigma": self.sigma, f"{n}/mean": self.mu, f"{n}/unpack": self.W, f"{n}/table": self.table}
 
-    def bits_per_vector(self) -> int: return sum(32 * packed_words(e - a, b) for a, e, b, *_ in self.groups) + 16
+    def bits_per_vector(self) -> int: return 32 * packed_words(self.total, 1) + 16
 
 def _make(config: KVCacheConfig):
     cfg = config.options
