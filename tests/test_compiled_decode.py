@@ -9,7 +9,8 @@ import veloxquant.gpu as gpu
 from veloxquant.core import parse_method
 
 SPECS = ["q4_0", "q8_0", "q8_0:hadamard=true", "qjl", "polar", "turboquant_rvq", "affine:use_kernels=false",
-         "turboquant:use_kernels=false", "turboquant:variant=prod,use_kernels=false"]
+         "turboquant:use_kernels=false", "turboquant:variant=prod,use_kernels=false", "rabitq:use_kernels=false",
+         "rabitq:rotation=hadamard,value_bits=2,value_group=32,use_kernels=false"]
 SHAPES = [(1, 1, 700, 256), (2, 3, 1300, 512), (2, 3, 333, 8192)]  # (B, rep, codes + window, block size)
 
 
