@@ -10,7 +10,8 @@ from veloxquant.core import parse_method
 
 SPECS = ["q4_0", "q8_0", "q8_0:hadamard=true", "qjl", "polar", "turboquant_rvq", "affine:use_kernels=false",
          "turboquant:use_kernels=false", "turboquant:variant=prod,use_kernels=false",
-         "kivi", "kivi:group_size=128,value_group=64,window=0", "kitty", "gear:outlier_pct=1.0"]
+         "kivi", "kivi:group_size=128,value_group=64,window=0", "kitty", "gear:outlier_pct=1.0", "rabitq:use_kernels=false",
+         "rabitq:rotation=hadamard,value_bits=2,value_group=32,use_kernels=false"]
 SHAPES = [(1, 1, 700, 256), (2, 3, 1300, 512), (2, 3, 333, 8192)]  # (B, rep, codes + window, block size)
 
 
