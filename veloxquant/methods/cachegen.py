@@ -202,8 +202,9 @@ class CacheGenCache(GroupedCache):
         GroupedCache.state.fset(self, seal_state(st))  # checked above; resealed for the decoded form
 
     def is_trimmable(self) -> bool:
-        "False: chunks are coded whole against their anchor (see the deviation), so mlx-lm never trims this cache."
-        return False
+        "False once chunks are coded whole against their anchor (token_group > 1, see the deviation): mlx-lm never trims it then."
+        if self.k_codec is not None and self._group() > 1: return False
+        return super().is_trimmable()
 
     def saved_nbytes(self) -> int:
         "Bytes of this layer's arrays as `save_prompt_cache` writes them (the coded streams, fp16 window and sinks)."
