@@ -33,10 +33,12 @@ def method_configs():
     "One config per registered method: its defaults with window=0 where it has a window (the test's short contexts would fit a window whole)."
     import veloxquant as vq
     from veloxquant.core import method_ids, get_method
+    from veloxquant.evict import eviction_methods
+    evict = set(eviction_methods())  # their `window` is the observation window of the prompt, not an fp16 window
     out = []
     for mid in method_ids():
         names = [f.name for f in dataclasses.fields(get_method(mid).config_cls)]
-        out.append(vq.KVCacheConfig(mid, **({"window": 0} if "window" in names else {})))
+        out.append(vq.KVCacheConfig(mid, **({"window": 0} if "window" in names and mid not in evict else {})))
     return out
 
 
@@ -54,10 +56,10 @@ def greedy(model, config, prompt, n):
 
 
 def kv_heads(caches):
-    "KV heads held by the first layer's cache (its stored codes or its exact window)."
-    c = caches[0]
-    if c.k_store.arrays: return int(next(iter(c.k_store.arrays.values())).shape[1])
-    return int(c.k_exact.shape[1])
+    "KV heads held by the first layer's cache: axis 1 of the 4-d arrays of its state (codes, exact window, survivors)."
+    from mlx.utils import tree_flatten
+    arrays = [a for _, a in tree_flatten(caches[0].state) if isinstance(a, mx.array) and a.ndim == 4]
+    return int(arrays[0].shape[1])
 
 
 def shard_check(out, prompt_len=150, n_tokens=12):

