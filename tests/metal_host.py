@@ -49,6 +49,13 @@ template <class T, class U> T as_type(U u) { static_assert(sizeof(T) == sizeof(U
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
 inline void threadgroup_barrier(mem_flags) {}
 inline void simdgroup_barrier(mem_flags) {}
+// Metal atomics (the fused decode's arrival counter): declarations only, for the syntax and type check
+enum memory_order { memory_order_relaxed, memory_order_seq_cst };
+enum thread_scope { thread_scope_device, thread_scope_threadgroup };
+struct atomic_uint { unsigned int v; };
+inline void atomic_thread_fence(mem_flags, memory_order, thread_scope) {}
+inline unsigned int atomic_fetch_add_explicit(atomic_uint* a, unsigned int x, memory_order) { unsigned int o = a->v; a->v += x; return o; }
+inline void atomic_store_explicit(atomic_uint* a, unsigned int x, memory_order) { a->v = x; }
 // one lane's view of the simd intrinsics: types and arity as in the MSL standard library, values not modelled
 template <class T> T simd_sum(T x) { return x; }
 template <class T> T simd_max(T x) { return x; }

@@ -56,7 +56,7 @@ def test_save_load_trim_continue(sharp_model, spec, tmp_path):
 
 
 @pytest.mark.parametrize("spec", ["turboquant:center=True", "h2o:budget=0.5", "snapkv:budget=0.5", "streaming_llm:capacity=16",
-                                  "tova:budget=0.5", "knorm:budget=0.5", "cachegen", "nsnquant"])
+                                  "tova:budget=0.5", "knorm:budget=0.5", "cachegen"])
 def test_inexact_trim_is_declared(sharp_model, spec):
     """A per-sequence mean (turboquant center=True, set by the first chunk encoded) makes trimming inexact, and eviction
     methods cannot bring evicted tokens back: `is_trimmable()` is False, so mlx-lm's LRUPromptCache never trims it — it reuses only exact shorter prefixes."""
