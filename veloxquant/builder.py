@@ -10,6 +10,7 @@ from .core import KVCacheConfig
 from .attention import install, attention_hook
 from .sliding import equivalent_cache
 import veloxquant.calibrate as calibrate
+import veloxquant.rope as rope
 from .group import link
 
 
@@ -93,7 +94,8 @@ class KVCacheBuilder:
     def for_model(model, config: KVCacheConfig) -> list:
         """Fresh caches for every layer of `model` (list of length `len(model.layers)`): where the model's
         own `make_cache` uses `KVCache`, `RotatingKVCache` or `ChunkedKVCache`, the method's cache or its
-        sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`). A cache class with a `place(layer,
+        sliding-window / chunked equivalent (`veloxquant.sliding.equivalent_cache`). A cache class with a `use_rope(spec)` method (methods that quantize keys before RoPE) gets
+        its layer's `veloxquant.rope.RopeSpec` (a RoPE it cannot describe is refused at build time). A cache class with a `place(layer,
         n_layers)` method (eviction caches: per-layer budgets) is told its layer index; the caches of a
         cross-layer method are joined to one `veloxquant.group.CacheGroup` (`link`).
 
@@ -110,6 +112,13 @@ class KVCacheBuilder:
         caches = link(_build(model, calibrate.layer_configs(model, config)))  # cross-layer methods: one cache group
         for i, c in enumerate(caches):  # caches whose budget depends on the layer (e.g. PyramidKV) learn their index
             if hasattr(type(c), "place"): c.place(i, len(caches))
+        if any(hasattr(type(c), "use_rope") for c in caches):  # methods that undo RoPE get each layer's own (`veloxquant.rope`)
+            layers = model_layers(model)
+            for i, c in enumerate(caches):
+                if not hasattr(type(c), "use_rope"): continue
+                try: spec = rope.layer_rope(layers[i])
+                except ValueError as e: raise refusal(model, f"method {config.method!r} undoes RoPE and {e}") from None
+                c.use_rope(spec)
         return caches
 
 def compress(model, config: KVCacheConfig, probe: bool = True):

@@ -13,6 +13,7 @@ from mlx_lm.models.cache import KVCache
 from .core import KVCacheConfig, get_method, check_int, parse_method
 from .quant import save_artifact, load_artifact
 import veloxquant.models as models
+import veloxquant.rope as rope
 from .attention import install
 
 # %% auto #0
@@ -22,7 +23,7 @@ __all__ = ['CALIB_FORMAT', 'COLLECT', 'Calibration', 'register_calibration', 'ca
 
 # %% ../nbs/06b_calibrate.ipynb #0c2672ff
 CALIB_FORMAT = "veloxquant-calibration-v1"
-COLLECT = ("keys", "values", "queries")
+COLLECT = ("keys", "values", "queries", "pre_rope_keys")  # pre_rope_keys: keys with the layer's RoPE undone (`veloxquant.rope`)
 
 @dataclass(frozen=True)
 class Calibration:
@@ -80,12 +81,15 @@ def calibration_tokens(tokenizer, n: int) -> list[int]:
 class RecordingMixin:
     "Records what `collect` names (keys / values / queries, float32, batch 1) and attends exactly; mixed into a cache class."
     attends_itself = True
-    def _start_recording(self, collect):
-        self.collect, self.seen = tuple(collect), {c: [] for c in collect}
+    def _start_recording(self, collect, rope_spec=None):
+        self.collect, self.seen, self._rope_spec = tuple(collect), {c: [] for c in collect}, rope_spec
         return self
     def update_and_fetch(self, keys, values):
         for name, a in (("keys", keys), ("values", values)):
             if name in self.collect: self.seen[name].append(np.array(a[0].astype(mx.float32)))
+        if "pre_rope_keys" in self.collect:  # undone at the positions these keys were rotated at
+            pre = rope.invert_rope(self._rope_spec, keys.astype(mx.float32), self.offset)
+            self.seen["pre_rope_keys"].append(np.array(pre[0]))
         return super().update_and_fetch(keys, values)
     def attend(self, queries, keys, values, scale, mask, sinks=None):
         if "queries" in self.collect: self.seen["queries"].append(np.array(queries[0].astype(mx.float32)))
@@ -96,12 +100,15 @@ _RECORDING: dict = {}
 def recorders(model, collect=("keys",)) -> list:
     "Fresh caches for every layer of `model` (the model's own kinds, as before any `compress`) that record `collect`."
     own = getattr(model, "_vq_original_make_cache", None) if hasattr(model, "_vq_original_make_cache") else getattr(model, "make_cache", None)
-    caches = own() if own is not None else [KVCache() for _ in (model.layers if hasattr(model, "layers") else model.model.layers)]
-    for c in caches:
+    layers = model.layers if hasattr(model, "layers") else model.model.layers
+    caches = own() if own is not None else [KVCache() for _ in layers]
+    # pre-RoPE keys need each layer's own RoPE (`ValueError` from `rope.layer_rope` when it cannot be described)
+    specs = [rope.layer_rope(l) for l in layers] if "pre_rope_keys" in collect else [None] * len(caches)
+    for c, spec in zip(caches, specs):
         t = type(c)
         if t not in _RECORDING: _RECORDING[t] = type(f"Recording{t.__name__}", (RecordingMixin, t), {})
         c.__class__ = _RECORDING[t]
-        c._start_recording(collect)
+        c._start_recording(collect, spec)
     return caches
 
 # %% ../nbs/06b_calibrate.ipynb #1c1fffae
