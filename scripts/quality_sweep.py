@@ -1,0 +1,72 @@
+"""Quality sweep over many method configs in one process, for the leaderboard's frontier and the eviction section.
+
+One fp16 reference on one window of the evaluation text, then every config through the harness's own functions
+(`veloxquant.eval.decode_run`, `compare_to_reference`, `niah`): KL to fp16 and ΔPPL over decode-scored tokens, bytes
+from `nbytes`. Calibrated methods are calibrated first on the `calib` split (disjoint from the evaluation text). Each
+record is appended to OUT (JSON lines) as soon as it is measured, so a run cut short keeps what it measured; a config
+that fails is recorded with its error and the sweep goes on. Runs on the CPU or a GPU (MLX CUDA or Metal); the device,
+dtype and versions go into every record.
+
+Usage:
+  python scripts/quality_sweep.py OUT.jsonl --specs "affine:key_bits=4,value_bits=4;snapkv:budget=0.5" \
+      [--standard] [--context 2560] [--n-scored 1024] [--chunk 64] [--niah 1024,2048,4096 --niah-depths 0.5 --niah-specs ...]
+(`--standard`: every registered method at its standard settings, before the --specs.)"""
+import argparse, json, platform, time, traceback
+from importlib.metadata import version
+import numpy as np
+import mlx.core as mx
+import veloxquant as vq
+import veloxquant.calibrate as calibrate
+from veloxquant.eval import decode_run, compare_to_reference, config_label, niah, fp16_reference, standard_configs
+from veloxquant.models import load_model, eval_tokens, with_bos, default_dtype
+
+p = argparse.ArgumentParser()
+p.add_argument("out"); p.add_argument("--specs", default="", help="';'-separated method specs")
+p.add_argument("--standard", action="store_true"); p.add_argument("--context", type=int, default=2560)
+p.add_argument("--n-scored", type=int, default=1024); p.add_argument("--chunk", type=int, default=64)
+p.add_argument("--niah", default=""); p.add_argument("--niah-depths", default="0.5"); p.add_argument("--niah-specs", default="")
+p.add_argument("--calib-tokens", type=int, default=4096)
+a = p.parse_args()
+model, tok = load_model()[:2]
+env = dict(device=str(mx.default_device()), dtype=default_dtype(), mlx=version("mlx"), mlx_lm=version("mlx-lm"),
+           host=platform.node(), date=time.strftime("%Y-%m-%d"))
+
+def write(rec):
+    with open(a.out, "a") as f: f.write(json.dumps({**rec, **env}, default=float) + "\n")
+    print({k: rec.get(k) for k in ("label", "kl_mean", "delta_ppl_pct", "bits_per_element", "niah_accuracy", "error")}, flush=True)
+
+cfgs = (standard_configs() if a.standard else []) + [vq.parse_method(s) for s in a.specs.split(";") if s.strip()]
+calibrated = set()
+for cfg in cfgs:
+    if cfg.method in calibrated or calibrate.calibration_of(cfg.method) is None: continue
+    try:
+        t0 = time.perf_counter(); path = calibrate.calibrate(cfg, model, tokens=a.calib_tokens, progress=False, tokenizer=tok)
+        write(dict(method=cfg.method, label=f"calibrate {cfg.method}", calibration_s=time.perf_counter() - t0, artifact=str(path)))
+    except Exception as e: write(dict(method=cfg.method, label=f"calibrate {cfg.method}", error=f"{type(e).__name__}: {e}"))
+    calibrated.add(cfg.method)
+
+tokens = with_bos(tok, eval_tokens(tok, a.context))
+ref = fp16_reference(model, tokens, a.n_scored, chunk=a.chunk)
+write(dict(method="fp16", label="fp16", context=a.context, n_scored=a.n_scored, chunk=a.chunk,
+           nbytes=ref.run["report"]["nbytes"], bits_per_element=ref.run["report"]["bits_per_element"], kl_mean=0.0,
+           delta_ppl_pct=0.0, top1_agreement=1.0, ppl=ref.ppl))
+for cfg in cfgs:
+    if cfg.method == "fp16": continue
+    try:
+        run = decode_run(model, cfg, tokens, a.n_scored, chunk=a.chunk)
+        q, rep = compare_to_reference(ref, run), run["report"]
+        write(dict(method=cfg.method, label=config_label(cfg), config=cfg.to_dict(), context=a.context, n_scored=a.n_scored,
+                   chunk=a.chunk, nbytes=rep["nbytes"], bits_per_element=rep["bits_per_element"],
+                   layer_nbytes=run["layer_nbytes"], peak_memory_mb=run["peak_memory_mb"], scoring_tps=run["scoring_tps"],
+                   prefill_tps=run["prefill_tps"], **q))
+    except Exception as e:
+        write(dict(method=cfg.method, label=config_label(cfg), error=f"{type(e).__name__}: {str(e)[:300]}",
+                   trace=traceback.format_exc()[-800:]))
+if a.niah:
+    for s in [s for s in a.niah_specs.split(";") if s.strip()]:
+        cfg = vq.parse_method(s)
+        try:
+            rows = niah(model, tok, cfg, [int(x) for x in a.niah.split(",")], [float(x) for x in a.niah_depths.split(",")])
+            write(dict(method=cfg.method, label=config_label(cfg), config=cfg.to_dict(), niah=rows,
+                       niah_accuracy=float(np.mean([r["correct"] for r in rows]))))
+        except Exception as e: write(dict(method=cfg.method, label=config_label(cfg), error=f"{type(e).__name__}: {str(e)[:300]}"))
