@@ -16,7 +16,7 @@ __all__ = ['STANDARD_SETTINGS', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'NIAH_ANSWER_PRE
            'summarize_attention', 'decode_run', 'Reference', 'fp16_reference', 'compare_to_reference', 'niah_score',
            'niah_code', 'niah_prompt', 'niah', 'parse_tasks', 'evaluate', 'results_table', 'save_results',
            'load_results', 'pareto_front', 'chart_pareto', 'chart_niah', 'chart_attention', 'chart_png', 'save_charts',
-           'eval_report']
+           'eval_report', 'frontier_points', 'chart_frontier']
 
 # %% ../nbs/05_eval.ipynb #88c7b811
 def prefill(model, caches: list, tokens, step: int = 2048) -> mx.array:
@@ -539,3 +539,29 @@ def eval_report(model_path=None, methods: str | None = None, tasks="ppl,kl,niah,
             try: print("wrote", ", ".join(save_charts(recs, out)))
             except ImportError as e: print(f"charts skipped ({e}); pip install altair vl-convert-python")
     return recs
+
+# %% ../nbs/05_eval.ipynb #940b05ea
+def frontier_points(records: list[dict], family: dict, kl_floor: float = 1e-4) -> list[dict]:
+    """The points of `chart_frontier`: one dict per record with a measured `bits_per_element` and `kl_mean`
+    (`label`, `method`, `family` (`family.get(method, "other")`), `bits`, `kl` (clipped below at `kl_floor`), `dppl`,
+    `front` (True on the Pareto frontier of (bits, KL))). Records with an `error` or without both numbers are left out."""
+    pts = [dict(label=r["label"], method=r["method"], family=family.get(r["method"], "other"), bits=r["bits_per_element"],
+                kl=max(float(r["kl_mean"]), kl_floor), dppl=r.get("delta_ppl_pct"))
+           for r in records if not r.get("error") and r.get("bits_per_element") is not None and r.get("kl_mean") is not None]
+    on = set(pareto_front([(p["bits"], p["kl"]) for p in pts]))
+    return [dict(p, front=i in on) for i, p in enumerate(pts)]
+
+def chart_frontier(records: list[dict], family: dict, kl_floor: float = 1e-4):
+    "Altair chart of `frontier_points`: bits per element (x, log) vs KL to fp16 (y, log), colour/shape by family, frontier dashed."
+    import altair as alt
+    pts = frontier_points(records, family, kl_floor)
+    front = sorted((p for p in pts if p["front"]), key=lambda p: p["bits"])
+    x = alt.X("bits:Q", title="bits per element (measured nbytes)", scale=alt.Scale(type="log"))
+    y = alt.Y("kl:Q", title="KL divergence to fp16 (nats/token)", scale=alt.Scale(type="log"))
+    dots = alt.Chart(alt.Data(values=pts)).mark_point(filled=True, size=70).encode(
+        x=x, y=y, color=alt.Color("family:N", title="family"), shape=alt.Shape("family:N", title="family"),
+        tooltip=["label:N", "family:N", "bits:Q", "kl:Q", "dppl:Q"])
+    text = alt.Chart(alt.Data(values=front)).mark_text(align="left", dx=6, dy=-6, fontSize=9).encode(x=x, y=y, text="label:N")
+    line = alt.Chart(alt.Data(values=[dict(p, order=k) for k, p in enumerate(front)])).mark_line(
+        color="gray", strokeDash=[4, 3]).encode(x=x, y=y, order="order:Q")
+    return (line + dots + text).properties(width=520, height=340, title="Bits vs KL: every method, frontier dashed")
