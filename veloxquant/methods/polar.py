@@ -123,6 +123,10 @@ class PolarKeyCodec(Codec):
     def scores(self, q, blk):
         return self._rotate_query(q) @ mx.expand_dims(self.rotated(blk), 2).swapaxes(-1, -2)
 
+    tiled = True  # decode over tiles: rotated queries against the rotated keys (scores as above)
+    def tile_query(self, q): return q @ self.R
+    def key_tile(self, blk, dtype): return self.rotated(blk).astype(dtype)
+
     def shared_artifacts(self):
         out = {self.rot_name: self.R}
         for lv in self.books:

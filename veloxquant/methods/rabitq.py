@@ -86,6 +86,10 @@ class RaBitQKeyCodec(Codec):
         f = blk["factor"].astype(mx.float32)[:, :, None, None, :, 0]       # [B, Hkv, 1, 1, t]
         return (qr @ z.swapaxes(-1, -2)) * (self.c * f)
 
+    tiled = True  # decode over tiles: the rotated query (full precision) against the ±1 codes times c·factor
+    def tile_query(self, q): return q @ self.P
+    def key_tile(self, blk, dtype): return (self.signs(blk) * (self.c * blk["factor"].astype(mx.float32))).astype(dtype)
+
     def shared_artifacts(self): return {self.rot_name: self.P}
 
     def bits_per_vector(self) -> int: return 32 * packed_words(self.head_dim, 1) + 16

@@ -110,6 +110,12 @@ class RVQCodec(Codec):
         nv = blk["norm"].astype(mx.float32)[:, :, None, None, :, 0]
         return ((p * nv) @ mx.expand_dims(self.rotated_unit(blk), 2)) @ self.R.T
 
+    tiled = True  # decode over tiles: rotated queries against norm·ŷ, the rotation undone in the merge
+    def tile_query(self, q): return q @ self.R
+    def key_tile(self, blk, dtype): return (self.rotated_unit(blk) * blk["norm"].astype(mx.float32)).astype(dtype)
+    def value_tile(self, blk, dtype): return self.key_tile(blk, dtype)
+    def value_map(self): return self.R.T
+
     def shared_artifacts(self):
         out = {self.rot_name: self.R}
         for name, c, t in zip(self.names, self.cents, self.bounds): out[name + "/centroids"], out[name + "/boundaries"] = c, t
