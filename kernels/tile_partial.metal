@@ -70,7 +70,7 @@ const uint vq_tid = thread_position_in_threadgroup.x;
 const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup_position_in_grid.y;
 
 // Chunk partials of one decode step over one decoded tile: qt [ROWS, DK] float32, the queries in the tile's key domain,
-// already multiplied by scale·log2(e); kt [BH, T, DK], vt [BH, T, DV] (half) the tile's keys and values; tokens
+// already multiplied by scale·log2(e); kt [B, Hkv, T, DK], vt [B, Hkv, T, DV] (half, bh = b·Hkv + kv) the tile's keys and values; tokens
 // [lo, T) count, lo = lref_shape[0] - 1. One threadgroup of NW simdgroups per (chunk of SPLIT tokens, bh); simdgroups
 // take tokens in turn, lanes own DK/32 key and DV/32 value channels, each simdgroup keeps the online softmax of the
 // REP query rows of its kv head (log2 units). Out, per (row = bh·REP + r, chunk): out_m (natural log units: the
@@ -78,7 +78,7 @@ const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup
 constexpr int KPL = DK / 32, VPL = DV / 32;
 VQ_SHARED float wm[NW * REP], wl[NW * REP], wacc[NW * REP * DV];
 const int chunk = vq_group_x, bh = vq_group_y;
-const int T = kt_shape[1], lo = lref_shape[0] - 1, ns = (T + SPLIT - 1) / SPLIT;
+const int T = kt_shape[2], lo = lref_shape[0] - 1, ns = (T + SPLIT - 1) / SPLIT;
 float q[REP][KPL], m[REP], l[REP], acc[REP][VPL];
 VQ_UNROLL
 for (int r = 0; r < REP; r++) {

@@ -128,3 +128,19 @@ def test_gpu_default_takes_the_tiles(spec):
     ref = c.attend(q1, k1, v1, 128 ** -0.5, None)
     assert calls == [1]
     assert mx.allclose(out.astype(mx.float32), ref.astype(mx.float32), rtol=3e-3, atol=3e-3).item(), float(mx.abs(out - ref).max())
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_unpack_by_selects_equals_gathers(bits):
+    "The GPU branch of `unpack_bits` (element-wise selects) gives the codes of the gather branch, and `lookup` the table's values."
+    import numpy as np
+    from veloxquant.quant import _select_plan, _unpack_select, _unpack_plan, lookup
+    rng = np.random.default_rng(bits)
+    w = mx.array(rng.integers(0, 2 ** 32, size=(3, 5, bits), dtype=np.uint64).astype(np.uint32))
+    wi, wn, rs, ls, st = _unpack_plan(bits)
+    ref = ((mx.take(w, wi, axis=-1) >> rs) | mx.where(st, mx.take(w, wn, axis=-1) << ls, mx.array(0, mx.uint32))) & mx.array((1 << bits) - 1, mx.uint32)
+    assert mx.array_equal(_unpack_select(w, bits), ref).item()
+    if bits <= 4:
+        table = mx.array(rng.normal(size=1 << bits).astype(np.float32))
+        with mx.stream(mx.gpu) if gpu.backend() else mx.stream(mx.cpu):
+            assert mx.array_equal(lookup(table, ref), table[ref]).item()

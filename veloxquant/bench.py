@@ -296,13 +296,20 @@ def _layer_cache(spec: str):
     return KVCache() if spec == STOCK else parse_method(spec).make_cache()
 
 def _cache_arrays(cache) -> list:
-    "Every array a cache holds (so an evaluation also runs its pending updates)."
-    st = cache.state
-    out = []
-    for v in (st.values() if isinstance(st, dict) else st):
-        if isinstance(v, mx.array): out.append(v)
-        elif isinstance(v, dict): out += [a for a in v.values() if isinstance(a, mx.array)]
-        elif isinstance(v, (list, tuple)): out += [a for a in v if isinstance(a, mx.array)]
+    """Every array a cache holds (so an evaluation also runs its pending updates): its attributes, through dicts, lists,
+    tuples and plain objects (stores, codecs) three levels down. Not `cache.state`: that seals a checksum over every
+    stored array (a full pass over the cache), which a model's decode step never computes."""
+    out, seen = [], set()
+    def walk(x, depth):
+        if isinstance(x, mx.array): out.append(x); return
+        if depth > 3 or id(x) in seen or callable(x): return
+        seen.add(id(x))
+        if isinstance(x, dict): xs = x.values()
+        elif isinstance(x, (list, tuple)): xs = x
+        elif hasattr(x, "__dict__"): xs = vars(x).values()
+        else: return
+        for v in xs: walk(v, depth + 1)
+    walk(vars(cache), 0)
     return out
 
 def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3"),
