@@ -72,7 +72,7 @@ const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup
 // Chunk partials of one decode step over one decoded tile: qt [ROWS, DK] float32, the queries in the tile's key domain,
 // already multiplied by scale·log2(e); kt [B, Hkv, T, DK], vt [B, Hkv, T, DV] (half, bh = b·Hkv + kv) the tile's keys and values; tokens
 // [lo, T) count, lo = lref_shape[0] - 1. One threadgroup of NW simdgroups per (chunk of SPLIT tokens, bh); simdgroups
-// take tokens in turn, lanes own DK/32 key and DV/32 value channels, each simdgroup keeps the online softmax of the
+// take U tokens at a time in turn, lanes own DK/32 key and DV/32 value channels, each simdgroup keeps the online softmax of the
 // REP query rows of its kv head (log2 units). Out, per (row = bh·REP + r, chunk): out_m (natural log units: the
 // merge's), out_l, out_acc [ROWS, NS, DV]; a chunk without a valid token writes m = -inf, l = 0, acc = 0.
 constexpr int KPL = DK / 32, VPL = DV / 32;
@@ -88,24 +88,47 @@ for (int r = 0; r < REP; r++) {
   VQ_UNROLL
   for (int k = 0; k < VPL; k++) acc[r][k] = 0.0f;
 }
-const int t0 = chunk * SPLIT, t1 = min(T, t0 + SPLIT);
-for (int t = max(t0, lo) + (int)vq_warp; t < t1; t += NW) {
-  const long ko = ((long)bh * T + t) * DK + vq_lane * KPL, vo = ((long)bh * T + t) * DV + vq_lane * VPL;
-  float kk[KPL], vv[VPL];
+const int t0 = chunk * SPLIT, t1 = min(T, t0 + SPLIT), tb = max(t0, lo);
+for (int t = tb + U * (int)vq_warp; t < t1; t += U * NW) {   // U tokens per simdgroup step: independent sums (ILP)
+  float s[U][REP], vv[U][VPL];
   VQ_UNROLL
-  for (int k = 0; k < KPL; k++) kk[k] = vq_float(kt[ko + k]);
+  for (int u = 0; u < U; u++) {
+    const bool ok = t + u < t1;
+    const long ko = ((long)bh * T + (ok ? t + u : t)) * DK + vq_lane * KPL, vo = ((long)bh * T + (ok ? t + u : t)) * DV + vq_lane * VPL;
+    float kk[KPL];
+    VQ_UNROLL
+    for (int k = 0; k < KPL; k++) kk[k] = vq_float(kt[ko + k]);
+    VQ_UNROLL
+    for (int k = 0; k < VPL; k++) vv[u][k] = vq_float(vt[vo + k]);
+    VQ_UNROLL
+    for (int r = 0; r < REP; r++) {
+      float d = 0.0f;
+      VQ_UNROLL
+      for (int k = 0; k < KPL; k++) d += q[r][k] * kk[k];
+      s[u][r] = d;
+    }
+  }
   VQ_UNROLL
-  for (int k = 0; k < VPL; k++) vv[k] = vq_float(vt[vo + k]);
+  for (int u = 0; u < U; u++) {
+    VQ_UNROLL
+    for (int r = 0; r < REP; r++) s[u][r] = t + u < t1 ? vq_simd_sum(s[u][r]) : VQ_NEG_INF;
+  }
   VQ_UNROLL
   for (int r = 0; r < REP; r++) {
-    float s = 0.0f;
+    float mx_ = s[0][r];
     VQ_UNROLL
-    for (int k = 0; k < KPL; k++) s += q[r][k] * kk[k];
-    s = vq_simd_sum(s);
-    const float mn = fmax(m[r], s), c = vq_exp2(m[r] - mn), p = vq_exp2(s - mn);
-    m[r] = mn; l[r] = l[r] * c + p;
+    for (int u = 1; u < U; u++) mx_ = fmax(mx_, s[u][r]);
+    const float mn = fmax(m[r], mx_), c = vq_exp2(m[r] - mn);
+    m[r] = mn; l[r] *= c;
     VQ_UNROLL
-    for (int k = 0; k < VPL; k++) acc[r][k] = acc[r][k] * c + p * vv[k];
+    for (int k = 0; k < VPL; k++) acc[r][k] *= c;
+    VQ_UNROLL
+    for (int u = 0; u < U; u++) {
+      const float p = vq_exp2(s[u][r] - mn);
+      l[r] += p;
+      VQ_UNROLL
+      for (int k = 0; k < VPL; k++) acc[r][k] += p * vv[u][k];
+    }
   }
 }
 VQ_UNROLL

@@ -447,7 +447,7 @@ class VQCache(_BaseCache):
         kc, vc = self.k_codec, self.v_codec
         if not on or queries.shape[1] % ek.shape[1] or not (kc.attends_by_tiles() and vc.attends_by_tiles()): return None
         if type(self)._blocks is not VQCache._blocks: return None  # a subclass restores its blocks another way (cache groups, eviction)
-        bs, g = self.block_size or block_tokens(1, queries.shape[1]), self._group()
+        bs, g = self.block_size or tiles.window_tokens(ek.shape[0], ek.shape[1], ek.shape[3]), self._group()
         bs = max(g, bs - bs % g)  # windows start at multiples of the token group
         wins = [(self.k_store.slice(s, s + P), self.v_store.slice(s, s + P), lo) for s, P, lo in decode_plan(self.k_store.length, bs)]
         try: return tiles.tiled_decode(kc, vc, queries, wins, ek, ev, scale, sinks, n_exact, key=(type(kc), type(vc), self.dims, self.config.to_json()))
