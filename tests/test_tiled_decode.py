@@ -10,7 +10,7 @@ import veloxquant.tiles as tiles
 from veloxquant.core import parse_method
 
 # every method with a tile form (the last ones run the path through `decode`'s default tile form)
-SPECS = ["q4_0", "q8_0", "q8_0:hadamard=true", "qjl", "polar", "turboquant_rvq", "affine:use_kernels=false",
+SPECS = ["q4_0", "q8_0", "q8_0:hadamard=true", "qjl:use_kernels=false", "polar", "turboquant_rvq", "affine:use_kernels=false",
          "turboquant:use_kernels=false", "rabitq:use_kernels=false", "kivi", "gear:outlier_pct=1.0"]
 SHAPES = [(1, 1, 700, 256), (2, 3, 1300, 512), (2, 4, 333, 8192)]  # (B, rep, codes + window, block size)
 
@@ -51,7 +51,7 @@ def test_tiled_equals_reference(spec, shape):
     assert mx.allclose(out, ref, rtol=tol, atol=tol).item(), float(mx.abs(out - ref).max())
 
 
-@pytest.mark.parametrize("spec", ["q4_0:sinks=4", "polar:window=0", "turboquant_rvq:sinks=3,window=16", "qjl:sinks=2"])
+@pytest.mark.parametrize("spec", ["q4_0:sinks=4", "polar:window=0", "turboquant_rvq:sinks=3,window=16", "qjl:sinks=2,use_kernels=false"])
 def test_tiled_sinks_windows_dtypes(spec):
     for dtype in (mx.float32, mx.float16):
         out, ref, calls, _ = decode_pair(spec, 1, 2, 3, 128, 900, 256, sinks=True, dtype=dtype)
@@ -72,7 +72,9 @@ def test_who_takes_the_path_and_cpu_default():
     assert c.tiled_decode is None  # None: GPU back-ends only
     kc, vc = parse_method("turboquant:center=true,use_kernels=false").make_cache()._make_codecs(64, 64)
     assert kc.attends_by_tiles()  # a sequence statistic: decoded each step, never compiled (`compilable` False)
-    kc, _ = parse_method("spectral").make_cache()._make_codecs(64, 64) if False else (None, None)
+    # qjl / rabitq keys keep their sign-score kernel where it runs (1 bit read per element, a tile 16): tiles without it
+    assert parse_method("qjl").make_cache()._make_codecs(128, 128)[0].attends_by_tiles() == (gpu.backend() is None)
+    assert parse_method("qjl:use_kernels=false").make_cache()._make_codecs(128, 128)[0].attends_by_tiles()
     # codecs whose scores carry terms a tile cannot hold keep the reference path
     from veloxquant.methods.nsnquant import NSNCodec
     assert not NSNCodec.attends_by_tiles(NSNCodec.__new__(NSNCodec))
@@ -109,7 +111,7 @@ def test_tile_kernel_equals_reference(DK, DV, rep, T, lo):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", ["q4_0", "qjl", "polar", "turboquant_rvq", "kivi"])
+@pytest.mark.parametrize("spec", ["q4_0", "qjl:use_kernels=false", "polar", "turboquant_rvq", "kivi"])
 def test_gpu_default_takes_the_tiles(spec):
     "On a GPU back-end the default (`tiled_decode = None`) runs the kernel path for the methods without kernels of their own."
     mx.random.seed(1)

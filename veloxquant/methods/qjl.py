@@ -119,7 +119,10 @@ class QJLKeyCodec(Codec):
         nk = blk["norm"].astype(mx.float32)[:, :, None, None, :, 0]  # [B, Hkv, 1, 1, t]
         return (qs @ z.swapaxes(-1, -2)) * (self.c * nk)
 
-    tiled = True  # decode over tiles: the projected query (full precision) against the ±1 sketch times c·‖k‖
+    # decode over tiles (where the sign-score kernel cannot run: it reads 1 bit a projection, a tile 16 bits): the
+    # projected query (full precision) against the ±1 sketch times c·‖k‖
+    @property
+    def tiled(self): return self.compilable
     def tile_query(self, q): return q @ self.ST
     def key_tile(self, blk, dtype): return (self.signs(blk) * (self.c * blk["norm"].astype(mx.float32))).astype(dtype)
 
