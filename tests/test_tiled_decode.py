@@ -146,3 +146,20 @@ def test_unpack_by_selects_equals_gathers(bits):
         table = mx.array(rng.normal(size=1 << bits).astype(np.float32))
         with mx.stream(mx.gpu) if gpu.backend() else mx.stream(mx.cpu):
             assert mx.array_equal(lookup(table, ref), table[ref]).item()
+
+
+@pytest.mark.parametrize("D", [80, 128])
+def test_any_head_dim_falls_back_inside(D):
+    "Head dims the kernel does not take (not a multiple of 32) run MLX operations over the same tiles: the same attention."
+    from veloxquant.methods.fp16 import IdentityCodec
+    mx.random.seed(2)
+    B, Hkv, rep, T, E = 1, 2, 2, 300, 4
+    kc, vc = IdentityCodec(D), IdentityCodec(D)
+    k, v = (mx.random.normal((B, Hkv, T, D)).astype(mx.float16) for _ in "kv")
+    ek, ev = (mx.random.normal((B, Hkv, E, D)).astype(mx.float16) for _ in "kv")
+    q = mx.random.normal((B, Hkv * rep, 1, D)).astype(mx.float16)
+    wins = [(kc.encode(k[:, :, :256]), vc.encode(v[:, :, :256]), 0), (kc.encode(k[:, :, 44:]), vc.encode(v[:, :, 44:]), 212)]
+    out = tiles.tiled_decode(kc, vc, q, wins, ek, ev, D ** -0.5, kernel=True if (D % 32 or gpu.backend()) else False)
+    K, V = (mx.repeat(mx.concatenate([a, b], axis=2).astype(mx.float32), rep, axis=1) for a, b in ((k, ek), (v, ev)))
+    ref = mx.softmax((q.astype(mx.float32) * D ** -0.5) @ K.swapaxes(-1, -2), axis=-1) @ V
+    assert mx.allclose(out.astype(mx.float32), ref, rtol=3e-3, atol=3e-3).item()
