@@ -11,7 +11,8 @@ from veloxquant.core import parse_method
 
 # every method with a tile form (the last ones run the path through `decode`'s default tile form)
 SPECS = ["q4_0", "q8_0", "q8_0:hadamard=true", "qjl:use_kernels=false", "polar", "turboquant_rvq", "affine:use_kernels=false",
-         "turboquant:use_kernels=false", "rabitq:use_kernels=false", "kivi", "gear:outlier_pct=1.0"]
+         "turboquant:use_kernels=false", "turboquant:variant=prod,use_kernels=false", "turboquant:center=true,use_kernels=false",
+         "rabitq:use_kernels=false", "kivi", "kivi_sink", "gear:outlier_pct=1.0"]
 SHAPES = [(1, 1, 700, 256), (2, 3, 1300, 512), (2, 4, 333, 8192)]  # (B, rep, codes + window, block size)
 
 
