@@ -12,6 +12,7 @@ from mlx_lm.models.cache import _BaseCache, create_attention_mask
 from .core import KVCacheConfig, MethodConfig, check_int
 from .attention import install, blockwise_attention, dense_blocks
 import veloxquant.gpu as gpu
+import veloxquant.tiles as tiles
 
 # %% auto #0
 __all__ = ['VQCache', 'Codec', 'TokenStore', 'block_tokens', 'state_checksum', 'seal_state', 'verify_state',
@@ -27,7 +28,8 @@ class Codec:
     many along the sequence (e.g. per-channel key quantization); the cache then keeps up to
     `token_group - 1` extra tokens exact until a group is complete. `sequence_state` True means
     `encode` keeps statistics of the sequence it has seen (e.g. a mean set by the first chunk), so a
-    token's codes depend on earlier tokens: such caches cannot be trimmed exactly or batched. `compilable` True
+    token's codes depend on earlier tokens: such caches cannot be trimmed exactly or batched. The tile form (`tile_query`,
+    `key_tile`, `value_tile`, `value_map`) lets decode steps attend over decoded tiles (`veloxquant.tiles`). `compilable` True
     lets `VQCache` trace `scores`/`mix` into `mx.compile`d decode steps: only for codecs whose `scores`/`mix` read
     nothing but their arguments and arrays that never change, determined by the method's config and head dims."""
     token_group: int = 1
@@ -51,6 +53,22 @@ class Codec:
     def mix(self, p: mx.array, block: dict[str, mx.array]) -> mx.array:
         "p: float32 [B, Hkv, rep, L, t] weights → [B, Hkv, rep, L, D] = p · v for the block's t values."
         return p @ mx.expand_dims(self.decode(block), 2)
+    tiled: bool | None = None  # True: scores/mix equal attention over the tile form below (None: when `attends_by_decoding()`)
+    def attends_by_tiles(self) -> bool:
+        "Whether `scores`/`mix` equal attention over the tile form (`tile_query`, `key_tile`, `value_tile`, `value_map`): `tiled`, else `attends_by_decoding()`."
+        return self.attends_by_decoding() if self.tiled is None else bool(self.tiled)
+    def tile_query(self, q: mx.array) -> mx.array:
+        "q float32 [B, Hkv, rep, L, D] → queries [..., DK] in the key tiles' domain: scores(q, block) = tile_query(q) · key_tile(block)ᵀ."
+        return q
+    def key_tile(self, block: dict[str, mx.array], dtype) -> mx.array:
+        "The block's keys as a tile [B, H, t, DK] in `dtype` for the decode over tiles (`veloxquant.tiles`); default `decode_as`."
+        return self.decode_as(block, dtype)
+    def value_tile(self, block: dict[str, mx.array], dtype) -> mx.array:
+        "The block's values as a tile [B, H, t, D] in `dtype`: mix(p, block) = (p · value_tile(block)) · value_map(); default `decode_as`."
+        return self.decode_as(block, dtype)
+    def value_map(self) -> mx.array | None:
+        "None (identity), or a constant float32 [D, D] matrix M with mix(p, block) = (p · value_tile(block)) · M (e.g. Rᵀ of a rotation)."
+        return None
     def shared_artifacts(self) -> dict[str, mx.array]:
         "Arrays shared by all layers (codebooks, rotations), keyed by a global name; counted once per model."
         return {}
@@ -171,6 +189,7 @@ class VQCache(_BaseCache):
     block_size = None  # tokens per history block; None: `block_tokens` (adapts to the number of queries)
     window_buffer = True  # decode steps of float16 models write their token into a preallocated fp16 window (see "The decode step")
     decoded_prefill = None  # prefill chunks over codes attend to the decoded history with the fused SDPA: True, None = on GPU back-ends, False = never
+    tiled_decode = None  # decode steps without a fused kernel attend over decoded tiles (`veloxquant.tiles`): None = on GPU back-ends, True = always, False = never
     compiled_decode = False  # decode steps through `compiled_decode_attention`: True = always, None = on GPU back-ends only, False = never (default: not yet faster, see the notebook)
     attends_itself = True  # the dispatcher's protocol: mlx-lm's attention call goes to `attend`
 
@@ -345,6 +364,8 @@ class VQCache(_BaseCache):
                     if not (isinstance(out, mx.array) and out.shape == queries.shape):
                         raise ValueError(f"fused_decode returned {getattr(out, 'shape', type(out).__name__)}; expected an array shaped like the queries {tuple(queries.shape)}")
                     return out
+            out = self._attend_tiles(queries, self._xk, self._xv, scale, sinks, self._xkn) if fused is None else None
+            if out is not None: return out  # the decode over tiles, the window buffer as it is
         if in_window:  # the step's tokens are already the window's last ones
             ek, ev = self.k_exact, self.v_exact
             keys, values = keys[:, :, :0], values[:, :, :0]  # nothing pending beyond the window (the compiled path appends these)
@@ -372,6 +393,9 @@ class VQCache(_BaseCache):
                                             and mx.issubdtype(out.dtype, mx.floating)):
                     raise ValueError(f"fused_decode returned {getattr(out, 'shape', type(out).__name__)} "
                                      f"{getattr(out, 'dtype', '')}; expected a floating array shaped like the queries {tuple(queries.shape)}")
+            if out is None and queries.shape[2] == 1 and (mask is None or isinstance(mask, str)):
+                fk, fv = (ek, ev) if not sk else (mx.concatenate([sk[0], ek], axis=2), mx.concatenate([sk[1], ev], axis=2))
+                out = self._attend_tiles(queries, fk, fv, scale, sinks)
             if out is None and queries.shape[2] == 1 and (mask is None or isinstance(mask, str)) and self._use_compiled():
                 out = compiled_decode_attention(self, queries, keys, values, scale, sinks)  # None: not for these codecs
             if out is None and queries.shape[2] > 1 and self._use_decoded_prefill():
@@ -415,6 +439,19 @@ class VQCache(_BaseCache):
             m = mask if mask is None or isinstance(mask, str) else mask[..., q0:q1, :]
             outs.append(mx.fast.scaled_dot_product_attention(queries[:, :, q0:q1], K[:, :, :hi], V[:, :, :hi], scale=scale, mask=m, sinks=sinks))
         return mx.concatenate(outs, axis=2)
+
+    def _attend_tiles(self, queries, ek, ev, scale, sinks, n_exact=None):
+        """A decode step over decoded tiles of the codes (`tiles.tiled_decode`, windows of `decode_plan`) and the exact
+        tokens `ek`, `ev` (first `n_exact` count), where `tiled_decode` and both codecs' `attends_by_tiles()` say so; else None."""
+        on = gpu.backend() is not None if self.tiled_decode is None else bool(self.tiled_decode)
+        kc, vc = self.k_codec, self.v_codec
+        if not on or queries.shape[1] % ek.shape[1] or not (kc.attends_by_tiles() and vc.attends_by_tiles()): return None
+        if type(self)._blocks is not VQCache._blocks: return None  # a subclass restores its blocks another way (cache groups, eviction)
+        bs, g = self.block_size or tiles.window_tokens(ek.shape[0], ek.shape[1], ek.shape[3]), self._group()
+        bs = max(g, bs - bs % g)  # windows start at multiples of the token group
+        wins = [(self.k_store.slice(s, s + P), self.v_store.slice(s, s + P), lo) for s, P, lo in decode_plan(self.k_store.length, bs)]
+        try: return tiles.tiled_decode(kc, vc, queries, wins, ek, ev, scale, sinks, n_exact, key=(type(kc), type(vc), self.dims, self.config.to_json()))
+        except gpu.KernelFailed: return None  # the safety net warned once: the paths below
 
     def _use_compiled(self) -> bool:
         "Whether decode steps without a fused kernel take the compiled path (`compiled_decode`; auto: a GPU back-end)."

@@ -85,6 +85,7 @@ class ChannelCodec(Codec):
     `spread`): bits + 32/G bits per element. `token_group` = group_size. Scores over the codes (`channel_scores`);
     `compilable`. `ValueError` for bits or group_size outside the allowed values."""
     compilable = True
+    tiled = True  # scores are q·decode(k)ᵀ (over the codes on Metal, decoded on CUDA): the decode over tiles applies
     def __init__(self, head_dim: int, bits: int, group_size: int):
         if type(bits) is not int or bits not in CHANNEL_BITS:
             raise ValueError(f"bits={bits!r} is not allowed; allowed values: {list(CHANNEL_BITS)}")

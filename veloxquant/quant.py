@@ -14,7 +14,7 @@ import mlx.core as mx
 __all__ = ['SUPPORTED_HEAD_DIMS', 'ROTATIONS', 'SPHERE_DIMS', 'CODEBOOK_BITS', 'CODEBOOK_FILE', 'PACK_BITS', 'sylvester_hadamard',
            'dct_matrix', 'hadamard_like', 'randomized_hadamard', 'random_orthogonal', 'rotation', 'fwht', 'lloyd_max',
            'dist_name', 'save_artifact', 'load_artifact', 'save_codebooks', 'load_codebooks', 'default_codebook_path',
-           'precompute', 'Codebook', 'codebook', 'packed_words', 'pack_bits', 'unpack_bits']
+           'precompute', 'Codebook', 'codebook', 'packed_words', 'pack_bits', 'unpack_bits', 'lookup']
 
 # %% ../nbs/03_quant.ipynb #256efd2b
 SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -282,8 +282,42 @@ def unpack_bits(words: mx.array, bits: int, n: int) -> mx.array:
     w = words.astype(mx.uint32)
     if full > w.shape[-1]: w = mx.concatenate([w, mx.zeros((*lead, full - w.shape[-1]), mx.uint32)], axis=-1)
     w = w.reshape(*lead, nch, bits)
-    wi, wn, rs, ls, st = _unpack_plan(bits)
-    lo = mx.take(w, wi, axis=-1) >> rs
-    hi = mx.where(st, mx.take(w, wn, axis=-1) << ls, mx.array(0, mx.uint32))
-    codes = (lo | hi) & mx.array((1 << bits) - 1, mx.uint32)
+    if _on_gpu(): codes = _unpack_select(w, bits)  # the same codes without gathers (fuses under mx.compile)
+    else:
+        wi, wn, rs, ls, st = _unpack_plan(bits)
+        lo = mx.take(w, wi, axis=-1) >> rs
+        hi = mx.where(st, mx.take(w, wn, axis=-1) << ls, mx.array(0, mx.uint32))
+        codes = (lo | hi) & mx.array((1 << bits) - 1, mx.uint32)
     return codes.reshape(*lead, nch * 32)[..., :n]
+
+def _on_gpu() -> bool: return mx.default_device().type == mx.gpu
+
+@functools.lru_cache(maxsize=None)
+def _select_plan(bits: int):
+    "Per word k of a chunk: which codes start in it, which take their high part from it; right and left shifts per code."
+    o = np.arange(32) * bits; w, s = o // 32, o % 32
+    straddle = (s + bits) > 32
+    return ([mx.array(w == k) for k in range(bits)], [mx.array(straddle & (w + 1 == k)) for k in range(bits)],
+            mx.array(s.astype(np.uint32)), mx.array(np.where(straddle, 32 - s, 0).astype(np.uint32)), bool(straddle.any()))
+
+def _unpack_select(w: mx.array, bits: int) -> mx.array:
+    """Chunks of packed words [..., nch, bits] → codes [..., nch, 32], as `unpack_bits`'s gathers compute them, by
+    element-wise selects among the chunk's words (broadcast: `mx.compile` fuses it into one kernel with what follows)."""
+    lo_m, hi_m, rs, ls, any_st = _select_plan(bits)
+    lo = w[..., 0:1]
+    for k in range(1, bits): lo = mx.where(lo_m[k], w[..., k:k + 1], lo)
+    codes = lo >> rs
+    if any_st:
+        hi = mx.array(0, mx.uint32)
+        for k in range(1, bits): hi = mx.where(hi_m[k], w[..., k:k + 1], hi)
+        codes = codes | (hi << ls)
+    return codes & mx.array((1 << bits) - 1, mx.uint32)
+
+def lookup(table: mx.array, codes: mx.array) -> mx.array:
+    """`table[codes]` for a codebook `table` [K] and integer `codes` of any shape: on a GPU, for K ≤ 16, by K − 1
+    element-wise selects (no gather: fuses under `mx.compile`), elsewhere the indexed gather; the same values."""
+    K = table.shape[0]
+    if K > 16 or not _on_gpu(): return table[codes]
+    out = mx.where(codes == 1, table[1], table[0])
+    for i in range(2, K): out = mx.where(codes == i, table[i], out)
+    return out

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int
 from ..cache import Codec, VQCache
-from ..quant import rotation, pack_bits, unpack_bits, packed_words
+from ..quant import rotation, pack_bits, unpack_bits, packed_words, lookup
 from .affine import AffineCodec
 
 # %% auto #0
@@ -109,9 +109,9 @@ class PolarKeyCodec(Codec):
             offs, o = {}, 0
             for lv in range(2, self.L + 1): offs[lv] = o; o += self.head_dim >> lv
             for lv in range(self.L, 1, -1):
-                psi = self.cent[lv][codes[..., offs[lv]:offs[lv] + (self.head_dim >> lv)]]
+                psi = lookup(self.cent[lv], codes[..., offs[lv]:offs[lv] + (self.head_dim >> lv)])
                 r = mx.stack([r * mx.cos(psi), r * mx.sin(psi)], axis=-1).reshape(*r.shape[:-1], -1)
-        theta = self.cent[1][unpack_bits(blk["a1"], self.kb, self.head_dim // 2)]
+        theta = lookup(self.cent[1], unpack_bits(blk["a1"], self.kb, self.head_dim // 2))
         return mx.stack([r * mx.cos(theta), r * mx.sin(theta)], axis=-1).reshape(*r.shape[:-1], -1)
 
     def decode(self, blk): return self.rotated(blk) @ self.R.T
@@ -122,6 +122,10 @@ class PolarKeyCodec(Codec):
 
     def scores(self, q, blk):
         return self._rotate_query(q) @ mx.expand_dims(self.rotated(blk), 2).swapaxes(-1, -2)
+
+    tiled = True  # decode over tiles: rotated queries against the rotated keys (scores as above)
+    def tile_query(self, q): return q @ self.R
+    def key_tile(self, blk, dtype): return self.rotated(blk).astype(dtype)
 
     def shared_artifacts(self):
         out = {self.rot_name: self.R}

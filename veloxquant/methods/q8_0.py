@@ -95,6 +95,15 @@ class BlockCodec(Codec):
         else: out = mx.quantized_matmul(p, *self._q(blk, p.dtype), transpose=False, group_size=QK, bits=self.bits)
         return out if self.R is None else out @ self.R.T
 
+    tiled = True  # decode over tiles: rotated queries against the stored (rotated) tiles, the rotation undone in the merge
+    def tile_query(self, q): return q if self.R is None else q @ self.R
+    def key_tile(self, blk, dtype):
+        "The stored (rotated) block decoded straight into `dtype` (fp16: one dequantize from the fp16 scales)."
+        s, b = self._sb(blk, dtype)
+        return mx.dequantize(blk["qs"], s, b, group_size=QK, bits=self.bits)
+    def value_tile(self, blk, dtype): return self.key_tile(blk, dtype)
+    def value_map(self): return None if self.R is None else self.R.T
+
     def shared_artifacts(self):
         return {} if self.R is None else {self.rot_name: self.R}
 

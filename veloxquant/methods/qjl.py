@@ -119,6 +119,13 @@ class QJLKeyCodec(Codec):
         nk = blk["norm"].astype(mx.float32)[:, :, None, None, :, 0]  # [B, Hkv, 1, 1, t]
         return (qs @ z.swapaxes(-1, -2)) * (self.c * nk)
 
+    # decode over tiles (where the sign-score kernel cannot run: it reads 1 bit a projection, a tile 16 bits): the
+    # projected query (full precision) against the ±1 sketch times c·‖k‖
+    @property
+    def tiled(self): return self.compilable
+    def tile_query(self, q): return q @ self.ST
+    def key_tile(self, blk, dtype): return (self.signs(blk) * (self.c * blk["norm"].astype(mx.float32))).astype(dtype)
+
     def shared_artifacts(self): return {self.name: self.S}
 
     def bits_per_vector(self) -> int: return 32 * packed_words(self.m, 1) + 16

@@ -86,6 +86,13 @@ class RaBitQKeyCodec(Codec):
         f = blk["factor"].astype(mx.float32)[:, :, None, None, :, 0]       # [B, Hkv, 1, 1, t]
         return (qr @ z.swapaxes(-1, -2)) * (self.c * f)
 
+    # decode over tiles (where the sign-score kernel cannot run: it reads 1 bit a coordinate, a tile 16 bits): the
+    # rotated query (full precision) against the ±1 codes times c·factor
+    @property
+    def tiled(self): return self.compilable
+    def tile_query(self, q): return q @ self.P
+    def key_tile(self, blk, dtype): return (self.signs(blk) * (self.c * blk["factor"].astype(mx.float32))).astype(dtype)
+
     def shared_artifacts(self): return {self.rot_name: self.P}
 
     def bits_per_vector(self) -> int: return 32 * packed_words(self.head_dim, 1) + 16

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int
 from ..cache import Codec, VQCache
-from ..quant import rotation, codebook, pack_bits, unpack_bits, packed_words
+from ..quant import rotation, codebook, pack_bits, unpack_bits, packed_words, lookup
 
 # %% auto #0
 __all__ = ['RVQ_SCALES', 'METHOD', 'STANDARD_SETTINGS', 'TurboQuantRVQConfig', 'pass_codebooks', 'residual_sigmas', 'RVQCodec']
@@ -89,7 +89,7 @@ class RVQCodec(Codec):
         y = None
         for k in range(self.passes):
             s = blk[f"s{k}"].astype(mx.float32) if (self.rms and k > 0) else self.sigmas[k]
-            part = s * self.cents[k][unpack_bits(blk[f"c{k}"], self.bits, self.head_dim)]
+            part = s * lookup(self.cents[k], unpack_bits(blk[f"c{k}"], self.bits, self.head_dim))
             y = part if y is None else y + part
         return y
 
@@ -109,6 +109,12 @@ class RVQCodec(Codec):
     def mix(self, p, blk):
         nv = blk["norm"].astype(mx.float32)[:, :, None, None, :, 0]
         return ((p * nv) @ mx.expand_dims(self.rotated_unit(blk), 2)) @ self.R.T
+
+    tiled = True  # decode over tiles: rotated queries against norm·ŷ, the rotation undone in the merge
+    def tile_query(self, q): return q @ self.R
+    def key_tile(self, blk, dtype): return (self.rotated_unit(blk) * blk["norm"].astype(mx.float32)).astype(dtype)
+    def value_tile(self, blk, dtype): return self.key_tile(blk, dtype)
+    def value_map(self): return self.R.T
 
     def shared_artifacts(self):
         out = {self.rot_name: self.R}

@@ -1,0 +1,38 @@
+"""GPU timing of the decode over decoded tiles (`veloxquant.tiles`, on by default on GPU back-ends): one layer's decode
+step through the cache (`veloxquant.bench.benchmark_layer`: 32 query / 8 KV heads, head_dim 128, float16), stock
+mlx-lm KVCache + fused SDPA measured beside each method in the same call (`ratio` = stock µs / method µs).
+Usage: python scripts/bench_tiles.py OUT.json [seq_len] [batches] [--reference] [--uncompiled] [--methods=a;b]
+(--reference: also each method with `VQCache.tiled_decode = False`, the reference path, for the first batch size;
+--uncompiled: also with `tiles.COMPILE_TILES = False`, the tile decoders run op by op)."""
+import json, platform, sys
+import mlx.core as mx
+import veloxquant as vq
+import veloxquant.tiles as tiles
+from veloxquant.bench import benchmark_layer
+from veloxquant.cache import VQCache
+
+METHODS = ["q4_0", "q8_0", "q4_0:hadamard=true", "qjl", "polar", "turboquant_rvq", "rabitq", "kivi", "gear",
+           "affine:key_bits=4,value_bits=4,use_kernels=false", "turboquant:key_bits=3,value_bits=3,use_kernels=false"]
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+METHODS = next((a.split("=", 1)[1].split(";") for a in sys.argv[1:] if a.startswith("--methods=")), METHODS)
+out = args[0]; S = int(args[1]) if len(args) > 1 else 32768
+batches = tuple(int(x) for x in (args[2] if len(args) > 2 else "1,8").split(","))
+meta = dict(machine=platform.node(), mlx=mx.__version__, device=str(mx.default_device()), S=S, model="one layer: 32 query / 8 KV heads, head_dim 128, float16")
+rows = []
+def save(): json.dump(dict(meta=meta, rows=rows), open(out, "w"), indent=1)
+for B in batches:
+    for m in METHODS:
+        modes = [(None, True)] + ([(None, False)] if "--uncompiled" in sys.argv else [])
+        modes += [(False, True)] if ("--reference" in sys.argv and B == batches[0]) else []
+        for mode, comp in modes:
+            VQCache.tiled_decode, tiles.COMPILE_TILES = mode, comp
+            try:
+                r = benchmark_layer(["stock", m], seq_lens=(S,), batches=(B,), steps=16, progress=False, prefill_attention=False)
+            except Exception as e:
+                print(f"{m} B={B}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True); continue
+            for x in r: x["tiled"] = ("default" if comp else "uncompiled tile decoders") if mode is None else "off (reference path)"
+            rows.extend(r); save()
+            st, me = r[0], r[1]
+            print(f"S={S} B={B} {m:<58} tiled={x['tiled']:<22} {me['us']:9.0f} µs  stock {st['us']:6.0f} µs  ratio {me['ratio']:.3f}  KV {me['kv_bytes']/1e6:.0f} MB", flush=True)
+VQCache.tiled_decode, tiles.COMPILE_TILES = None, True
+save()
