@@ -10,7 +10,7 @@ dtype and versions go into every record.
 Usage:
   python scripts/quality_sweep.py OUT.jsonl --specs "affine:key_bits=4,value_bits=4;snapkv:budget=0.5" \
       [--standard] [--context 2560] [--n-scored 1024] [--chunk 64] [--niah 1024,2048,4096 --niah-depths 0.5 --niah-specs ...]
-(`--standard`: every registered method at its standard settings, before the --specs.)"""
+(`--standard`: every registered method at its standard settings, or those of `--only id,id`, before the --specs.)"""
 import argparse, json, platform, time, traceback
 from importlib.metadata import version
 import numpy as np
@@ -26,6 +26,7 @@ p.add_argument("--standard", action="store_true"); p.add_argument("--context", t
 p.add_argument("--n-scored", type=int, default=1024); p.add_argument("--chunk", type=int, default=64)
 p.add_argument("--niah", default=""); p.add_argument("--niah-depths", default="0.5"); p.add_argument("--niah-specs", default="")
 p.add_argument("--calib-tokens", type=int, default=4096)
+p.add_argument("--only", default="", help="comma-separated method ids: keep only their standard settings (with --standard)")
 a = p.parse_args()
 model, tok = load_model()[:2]
 env = dict(device=str(mx.default_device()), dtype=default_dtype(), mlx=version("mlx"), mlx_lm=version("mlx-lm"),
@@ -35,7 +36,8 @@ def write(rec):
     with open(a.out, "a") as f: f.write(json.dumps({**rec, **env}, default=float) + "\n")
     print({k: rec.get(k) for k in ("label", "kl_mean", "delta_ppl_pct", "bits_per_element", "niah_accuracy", "error")}, flush=True)
 
-cfgs = (standard_configs() if a.standard else []) + [vq.parse_method(s) for s in a.specs.split(";") if s.strip()]
+only = [m for m in a.only.split(",") if m]
+cfgs = (standard_configs(only or None) if a.standard else []) + [vq.parse_method(s) for s in a.specs.split(";") if s.strip()]
 calibrated = set()
 for cfg in cfgs:
     if cfg.method in calibrated or calibrate.calibration_of(cfg.method) is None: continue
