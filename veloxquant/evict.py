@@ -15,7 +15,7 @@ import veloxquant.models as models
 # %% auto #0
 __all__ = ['KVPRESS_OPTIONS', 'check_budget', 'quantizer_config', 'EvictConfig', 'Observation', 'Scorer', 'group_sum',
            'keep_topk', 'layer_budgets', 'head_adaptive', 'EvictCache', 'eviction_factory', 'eviction_methods',
-           'run_layer', 'dump_kept', 'kvpress_options', 'kept_indices', 'prompt_passes']
+           'run_layer', 'dump_kept', 'prompt_passes', 'kvpress_options', 'kept_indices']
 
 # %% ../nbs/06_evict.ipynb #2b0f66d1
 def check_budget(budget, capacity) -> None:
@@ -499,6 +499,20 @@ def dump_kept(caches, path=None) -> dict:
         with open(path, "w") as f: json.dump(out, f)
     return out
 
+# %% ../nbs/06_evict.ipynb #ba682b99
+import time
+
+def prompt_passes(model, caches, tokens, tokenizer=None) -> float:
+    """Run the prompt passes of the caches that need one (a cache class's `prompt_pass(model, caches, tokens,
+    tokenizer)` classmethod, called once per class with the whole list): `tokens` the prompt's ids (list of int) that
+    the caches hold, `tokenizer` the model's (for passes that build a prompt of their own). Returns the seconds spent
+    (0.0 when no cache needs a pass); the passes' own `ValueError`s propagate."""
+    t0, ran = time.perf_counter(), False
+    for cls in dict.fromkeys(type(c) for c in caches):
+        fn = getattr(cls, "prompt_pass", None)
+        if fn is not None: fn(model, caches, list(tokens), tokenizer); ran = True
+    return time.perf_counter() - t0 if ran else 0.0
+
 # %% ../nbs/06_evict.ipynb #614e078a
 KVPRESS_OPTIONS = {  # kvpress press parameter -> (veloxquant method, option); parameters not listed must be absent
     "snapkv": {"window_size": "window", "kernel_size": "kernel"},
@@ -548,18 +562,5 @@ def kept_indices(method_id: str, token_ids: list, ratio: float, params: dict | N
         for h, kept in enumerate(c.kept_positions()[0]): out[(l, h)] = kept
     return out
 
-# %% ../nbs/06_evict.ipynb #5d8eb003
-import time
-
-def prompt_passes(model, caches, tokens, tokenizer=None) -> float:
-    """Run the prompt passes of the caches that need one (a cache class's `prompt_pass(model, caches, tokens,
-    tokenizer)` classmethod, called once per class with the whole list): `tokens` the prompt's ids (list of int) that
-    the caches hold, `tokenizer` the model's (for passes that build a prompt of their own). Returns the seconds spent
-    (0.0 when no cache needs a pass); the passes' own `ValueError`s propagate."""
-    t0, ran = time.perf_counter(), False
-    for cls in dict.fromkeys(type(c) for c in caches):
-        fn = getattr(cls, "prompt_pass", None)
-        if fn is not None: fn(model, caches, list(tokens), tokenizer); ran = True
-    return time.perf_counter() - t0 if ran else 0.0
-
+# %% ../nbs/06_evict.ipynb #37ed3ed6
 KVPRESS_OPTIONS.update({"kvzip": {"n_sink": "sinks", "chunk_size": "chunk", "layerwise": "layerwise"}, "qfilters": {}})
