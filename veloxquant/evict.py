@@ -551,7 +551,8 @@ def kept_indices(method_id: str, token_ids: list, ratio: float, params: dict | N
     tok = None
     if model is None: model, tok = models.load_model()
     layers = model.layers if hasattr(model, "layers") else model.model.layers
-    caches = [cfg.make_cache() for _ in layers]
+    import veloxquant.calibrate as calibrate  # calibrated methods (Q-Filters): each layer bound to its checked artifact
+    caches = [c.make_cache() for c in calibrate.layer_configs(model, cfg)]
     for i, c in enumerate(caches): c.place(i, len(caches))
     attention.install()
     mx.eval(model(mx.array(list(token_ids))[None], cache=caches))
@@ -562,5 +563,5 @@ def kept_indices(method_id: str, token_ids: list, ratio: float, params: dict | N
         for h, kept in enumerate(c.kept_positions()[0]): out[(l, h)] = kept
     return out
 
-# %% ../nbs/06_evict.ipynb #37ed3ed6
+# %% ../nbs/06_evict.ipynb #9bc72bfa
 KVPRESS_OPTIONS.update({"kvzip": {"n_sink": "sinks", "chunk_size": "chunk", "layerwise": "layerwise"}, "qfilters": {}})
