@@ -563,5 +563,5 @@ def kept_indices(method_id: str, token_ids: list, ratio: float, params: dict | N
         for h, kept in enumerate(c.kept_positions()[0]): out[(l, h)] = kept
     return out
 
-# %% ../nbs/06_evict.ipynb #9bc72bfa
+# %% ../nbs/06_evict.ipynb #4b7773f4
 KVPRESS_OPTIONS.update({"kvzip": {"n_sink": "sinks", "chunk_size": "chunk", "layerwise": "layerwise"}, "qfilters": {}})
