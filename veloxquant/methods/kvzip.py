@@ -107,6 +107,9 @@ class KVzipCache(EvictCache):
         selection. `ValueError` without a tokenizer or when the caches do not hold exactly `tokens`."""
         zs = [c for c in caches if isinstance(c, cls)]
         if not zs: return
+        if len(zs) != len(caches):   # a sliding-window layer's cache would store the reconstruction tokens as context
+            raise ValueError("kvzip's reconstruction pass needs every attention layer to hold a kvzip cache; this model has "
+                             f"{len(caches) - len(zs)} other layers (sliding-window or chunked attention), not supported")
         if tokenizer is None: raise ValueError("kvzip's reconstruction pass needs the model's tokenizer (its repeat instruction)")
         o = zs[0].config.options
         rep = repeat_ids(tokenizer, o.instruction)
