@@ -43,11 +43,12 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 import kvpress
 from kvpress import (AdaKVPress, CAMPress, ChunkKVPress, CURPress, KnormPress, KVzipPress, ObservedAttentionPress,
-                     PyramidKVPress, SnapKVPress, StreamingLLMPress, TOVAPress)
+                     PyramidKVPress, QFilterPress, SnapKVPress, StreamingLLMPress, TOVAPress)
 
 ROOT = Path(__file__).resolve().parents[1]
 RATIOS = (0.25, 0.5, 0.75)
 CAM_SEED = 0
+QFILTERS = None    # (n_layers, n_kv_heads, head_dim) float32: veloxquant's calibrated filters (--qfilters)
 
 
 # ---------------------------------------------------------------- the presses, by veloxquant method id
@@ -75,6 +76,11 @@ def make_press(method: str, ratio: float, n_tokens: int):
         return ObservedAttentionPress(compression_ratio=ratio), "eager"   # needs the attention weights
     if method == "kvzip":
         return KVzipPress(compression_ratio=ratio, layerwise=False, n_sink=4), "sdpa"
+    if method == "qfilters":   # kvpress would download hub filters (none exist for this model): given veloxquant's
+        press = QFilterPress(compression_ratio=ratio)      # kvpress scores -<f, k>; veloxquant keeps the largest <u, k>: f = -u
+        press.post_init_from_model = lambda model: None
+        press.q_filters = -torch.tensor(QFILTERS)
+        return press, "sdpa"
     if method == "cam":
         target = int(n_tokens * (1 - ratio))       # kvpress's own rounding (compute_n_kept)
         return CAMPress(base_press=TOVAPress(), compression_interval=1, target_size=target, merge_budget=32), "sdpa"
@@ -82,8 +88,8 @@ def make_press(method: str, ratio: float, n_tokens: int):
 
 
 # presses whose selection is a top-k of per-token scores that do not depend on the ratio: their scores are stored
-SCORED = ("snapkv", "tova", "knorm", "curdkv", "h2o", "kvzip")
-METHODS = ("snapkv", "streaming_llm", "tova", "pyramidkv", "chunkkv", "cam", "knorm", "kvzip", "curdkv", "adakv", "h2o")
+SCORED = ("snapkv", "tova", "knorm", "curdkv", "h2o", "kvzip", "qfilters")
+METHODS = ("snapkv", "streaming_llm", "tova", "pyramidkv", "chunkkv", "cam", "knorm", "kvzip", "curdkv", "adakv", "h2o", "qfilters")
 
 
 def press_params(press) -> dict:
@@ -91,6 +97,7 @@ def press_params(press) -> dict:
     out = {"class": type(press).__name__}
     for f in dataclasses.fields(press):
         v = getattr(press, f.name)
+        if isinstance(v, torch.Tensor): continue       # QFilterPress's filters: recorded apart (`filters`)
         out[f.name] = press_params(v) if dataclasses.is_dataclass(v) else v
     return out
 
@@ -266,8 +273,10 @@ def main(argv=None):
     ap.add_argument("--check-logits", default=None, help="mlx-lm logits (.npy from scripts/kvpress_prompt.py)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cam-seed", type=int, default=CAM_SEED, help="torch seed of CAM's Bernoulli merges")
+    ap.add_argument("--qfilters", default=None, help="veloxquant's Q-Filters directions, .npy (n_layers, n_kv_heads, head_dim)")
     a = ap.parse_args(argv)
     globals()["CAM_SEED"] = a.cam_seed
+    if a.qfilters: globals()["QFILTERS"] = np.load(a.qfilters).astype(np.float32)
     torch.set_num_threads(a.threads)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -311,6 +320,10 @@ def main(argv=None):
                              "note": "the scorer's output at the first ratio, as the selection saw it (before kvzip's "
                                      "sink override); decode: np.frombuffer(base64.b64decode(b64), '<f4').reshape(shape)",
                              "b64": base64.b64encode(scores.astype("<f4").tobytes()).decode()}
+        if method == "qfilters":
+            out["filters"] = {"source": "veloxquant calibrate --method qfilters (default model), layer{i}/filter stacked",
+                              "sha256_float32": hashlib.sha256(QFILTERS.tobytes()).hexdigest(),
+                              "given_to_kvpress_as": "q_filters = -filters (kvpress scores -<f, k>)"}
         elif method in ("pyramidkv", "adakv", "chunkkv"):
             out["scores_from"] = "snapkv.json (same SnapKVPress scorer and parameters)"
         Path(a.out, f"{method}.json").write_text(json.dumps(out, indent=1) + "\n")

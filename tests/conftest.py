@@ -45,3 +45,11 @@ def keeps_sequence_state(spec) -> bool:
     "Whether a method spec's config says it keeps per-sequence statistics (no exact trim, batching refused at build time)."
     from veloxquant.core import parse_method
     return bool(getattr(parse_method(spec).options, "sequence_state", False))
+
+
+class StubTokenizer:
+    """A stand-in tokenizer for random models without one: fixed ids for any text, no chat template. For the prompt
+    passes some eviction methods run after the prefill (`veloxquant.evict.prompt_passes`: KVzip's reconstruction
+    builds its instruction with the tokenizer)."""
+    chat_template = None
+    def encode(self, s, add_special_tokens=False): return [5, 6, 7, 8]

@@ -13,9 +13,9 @@ from veloxquant.core import parse_method
 # every registered method at its default settings, plus fp16 windows on two methods and the fp16 reference path
 from veloxquant.evict import eviction_methods
 from veloxquant.group import GroupedCache
-EVICTION = eviction_methods()  # refused in batches (test_eviction_refuses_batch)
-CROSS_LAYER = [m for m in vq.method_ids() if isinstance(vq.KVCacheConfig(m).make_cache(), GroupedCache)]  # refused (test_cross_layer_refuses_batch)
 from conftest import uncalibrated, keeps_sequence_state
+EVICTION = uncalibrated(eviction_methods())  # refused in batches (test_eviction_refuses_batch); calibrated ones need an artifact
+CROSS_LAYER = [m for m in vq.method_ids() if isinstance(vq.KVCacheConfig(m).make_cache(), GroupedCache)]  # refused (test_cross_layer_refuses_batch)
 # refused when the batch cache is built: codecs that encode token groups, or keep per-sequence statistics
 GROUPED = {m for m in vq.method_ids() if getattr(vq.get_method(m).config_cls, "token_grouped", False) or keeps_sequence_state(m)}
 SPECS = [*(m for m in uncalibrated(vq.method_ids()) if m not in EVICTION and m not in CROSS_LAYER), "fp16:reference=True", "affine:key_bits=4,value_bits=4,window=8",

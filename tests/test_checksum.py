@@ -10,6 +10,8 @@ from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 import veloxquant as vq
 from veloxquant.batch import merge_caches
 from veloxquant.sliding import sliding_cache, chunked_cache
+from veloxquant.evict import prompt_passes
+from conftest import StubTokenizer
 
 K = mx.random.normal((1, 2, 40, 32), key=mx.random.key(1)); V = mx.random.normal((1, 2, 40, 32), key=mx.random.key(2))
 AFF = vq.KVCacheConfig("affine", key_bits=4, value_bits=4, group_size=32, window=4)
@@ -77,7 +79,9 @@ def test_every_method_seals_its_state(mid, tiny_model, tmp_path):
         caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig(mid))
     except ValueError as e:  # a calibrated method without an artifact for this random model
         pytest.skip(f"{mid}: {str(e)[:120]}")
-    mx.eval(tiny_model(mx.array([[i % 120 + 3 for i in range(200)]]), cache=caches))
+    toks = [i % 120 + 3 for i in range(200)]
+    mx.eval(tiny_model(mx.array([toks]), cache=caches))
+    prompt_passes(tiny_model, caches, toks, StubTokenizer())  # a method's own pass over the prompt (KVzip's reconstruction)
     for t in range(4): mx.eval(tiny_model(mx.array([[t + 5]]), cache=caches))
     path = tmp_path / "c.safetensors"
     save_prompt_cache(str(path), caches)

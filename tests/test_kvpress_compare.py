@@ -31,11 +31,11 @@ import numpy as np
 import pytest
 
 REF = Path(__file__).parent / "kvpress_reference"
-METHODS = ("snapkv", "streaming_llm", "tova", "pyramidkv", "chunkkv", "cam", "knorm", "kvzip", "curdkv", "adakv", "h2o")
+METHODS = ("snapkv", "streaming_llm", "tova", "pyramidkv", "chunkkv", "cam", "knorm", "kvzip", "curdkv", "adakv", "h2o", "qfilters")
 RATIOS = (0.25, 0.5, 0.75)
 RTOL = 1e-3           # near-tie: |score - boundary| <= RTOL * |boundary| (torch vs MLX float32 differ by ~1e-6 relative)
 SCORES_OF = {"pyramidkv": "snapkv", "adakv": "snapkv", "chunkkv": "snapkv"}   # same SnapKVPress scorer and settings
-TOPK_PER_HEAD = ("snapkv", "pyramidkv", "tova", "knorm", "curdkv", "h2o")
+TOPK_PER_HEAD = ("snapkv", "pyramidkv", "tova", "knorm", "curdkv", "h2o", "qfilters")
 EXACT = ("streaming_llm", "chunkkv")
 
 
@@ -119,6 +119,23 @@ def _safeguard(scores_lh: np.ndarray, n_safe: int) -> set:
     return set(np.argsort(-scores_lh, kind="stable")[:n_safe].tolist())
 
 
+def _check_same_filters(ref: dict) -> None:
+    """QFilterPress ran with veloxquant's calibrated filters (kvpress's hub has none for this model): skip unless this
+    machine's `veloxquant calibrate --method qfilters` artifact holds the same filters (sha256 of the float32 stack)."""
+    import veloxquant as vq
+    import veloxquant.calibrate as cal
+    import veloxquant.models as models
+    try:
+        cfgs = cal.layer_configs(models.load_model()[0], vq.KVCacheConfig("qfilters"))
+    except ValueError as e:
+        pytest.skip(f"qfilters is not calibrated for the default model here: {str(e)[:100]}")
+    t, meta = cal.load_calibration(cfgs[0].options.path, "qfilters", cfgs[0].options)
+    f = np.stack([t[f"layer{i}/filter"] for i in range(int(meta["n_layers"]))]).astype(np.float32)
+    if hashlib.sha256(f.tobytes()).hexdigest() != ref["filters"]["sha256_float32"]:
+        pytest.skip("the qfilters reference was made with other filters: np.save this artifact's stack and run "
+                    "scripts/kvpress_reference.py --press qfilters --qfilters FILE.npy")
+
+
 # ---------------------------------------------------------------- tests
 def test_reference_files_are_consistent():
     "Every reference file decodes, its counts match its masks, and the prompt is the one in prompt.json (numpy only)."
@@ -162,7 +179,7 @@ def _rule_kept(method: str, ref: dict, run: dict, scores: np.ndarray | None) -> 
     if method == "streaming_llm":
         s = ref["params"]["n_sink"]
         return {(l, h): set(range(s)) | set(range(s + n - k, n)) for l in range(L) for h in range(H)}
-    if method in ("snapkv", "tova", "knorm", "curdkv", "h2o"):
+    if method in ("snapkv", "tova", "knorm", "curdkv", "h2o", "qfilters"):
         return {(l, h): top(scores[l, h], k) for l in range(L) for h in range(H)}
     if method == "pyramidkv":
         p = ref["params"]
@@ -221,6 +238,7 @@ def test_kept_tokens_match_kvpress(method, ratio):
     if ref is None: pytest.skip(f"no kvpress reference for {method} (run scripts/kvpress_reference.py)")
     run = run_for(ref, ratio)
     theirs = reference_kept(ref, run)
+    if method == "qfilters": _check_same_filters(ref)
     ours = kept_indices(method, prompt_ids(), ratio, params=ref["params"])
     assert set(ours) == set(theirs), f"{method}: (layer, head) keys differ from the model's layers x KV heads"
     for key, ks in ours.items():

@@ -9,6 +9,7 @@ import numpy as np
 import mlx.core as mx
 from .core import KVCacheConfig, cache_report, method_ids, get_method, parse_method
 from .builder import KVCacheBuilder, model_layers
+import veloxquant.evict as evict
 
 # %% auto #0
 __all__ = ['STANDARD_SETTINGS', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'NIAH_ANSWER_PREFIX', 'TASKS', 'prefill', 'score_continuation',
@@ -151,15 +152,17 @@ def summarize_attention(rows: list[dict]) -> list[dict]:
             for l, d in sorted(out.items())]
 
 # %% ../nbs/05_eval.ipynb #ec930f0a
-def _fill(model, caches: list, tokens: list, step: int = 2048) -> mx.array:
-    "Fill `caches` with `tokens[:-1]` in chunks, evaluating only the cache state (no vocabulary projection), then feed the last token; returns its logits, float32 [vocab]."
+def _fill(model, caches: list, tokens: list, step: int = 2048, tokenizer=None, timing: dict | None = None) -> mx.array:
+    "Fill `caches` with `tokens[:-1]` in chunks, evaluating only the cache state (no vocabulary projection), run the caches' own prompt passes (`veloxquant.evict.prompt_passes`, e.g. KVzip's reconstruction; seconds in `timing['prompt_pass_s']`), then feed the last token; returns its logits, float32 [vocab]."
     for s in range(0, len(tokens) - 1, step):
         model(mx.array(tokens[s:min(s + step, len(tokens) - 1)])[None], cache=caches)
         mx.eval([c.state for c in caches])
+    t = evict.prompt_passes(model, caches, tokens[:-1], tokenizer)
+    if timing is not None: timing["prompt_pass_s"] = t
     return model(mx.array(tokens[-1:])[None], cache=caches)[0, -1].astype(mx.float32)
 
 def decode_run(model, config: KVCacheConfig, tokens, n_scored: int, chunk: int = 1, prefill_step: int = 2048,
-               attn_probe: int = 0, progress: bool = False) -> dict:
+               attn_probe: int = 0, progress: bool = False, tokenizer=None) -> dict:
     """Prefill `tokens[:-n_scored]` (list[int]) into fresh caches for `config` (in `prefill_step` chunks,
     only the cache state evaluated, so the peak memory is not dominated by [T, vocab] prefill logits;
     the last prefix token is then fed alone for the first prediction), then feed the scored
@@ -169,7 +172,7 @@ def decode_run(model, config: KVCacheConfig, tokens, n_scored: int, chunk: int =
     at the end), `layer_nbytes` (list[int], per layer), `peak_memory_mb`, `kv_peak_mb` (peak minus
     memory active before the run), `prefill_tps`, `decode_tps` (tokens/s of single-token steps; NaN when
     `chunk` > 1 left none), `scoring_tps` (scored tokens/s over all non-probe steps), `prefill_s`, `decode_s`,
-    `attn` (per-layer summary, or None). Raises `ValueError` when `n_scored` is not in
+    `prompt_pass_s` (seconds of the caches' own prompt passes, inside `prefill_s`; `tokenizer` is handed to them), `attn` (per-layer summary, or None). Raises `ValueError` when `n_scored` is not in
     [1, len(tokens) - 1] or `chunk`/`attn_probe` are out of range."""
     tokens = list(tokens)
     if not 1 <= n_scored < len(tokens): raise ValueError(f"n_scored={n_scored} is out of range; allowed: 1..{len(tokens) - 1}")
@@ -181,7 +184,7 @@ def decode_run(model, config: KVCacheConfig, tokens, n_scored: int, chunk: int =
     probe = AttentionProbe(model, caches) if attn_probe else None
     from veloxquant.attention import attention_hook
     with (attention_hook(probe) if probe else contextlib.nullcontext()):
-        t0 = time.perf_counter(); last = _fill(model, caches, ctx, prefill_step); mx.eval(last)
+        t0 = time.perf_counter(); timing = {}; last = _fill(model, caches, ctx, prefill_step, tokenizer, timing); mx.eval(last)
         prefill_s = time.perf_counter() - t0
         lps = [_log_softmax(last[None])]
         inputs = cont[:-1]; n_p = min(attn_probe, len(inputs))
@@ -210,7 +213,7 @@ def decode_run(model, config: KVCacheConfig, tokens, n_scored: int, chunk: int =
     peak = mx.get_peak_memory()
     return dict(logprobs=logprobs, nll=np.array(nll), report=cache_report(caches), layer_nbytes=[int(c.nbytes) for c in caches],
                 peak_memory_mb=peak / 2**20, kv_peak_mb=(peak - base) / 2**20, prefill_s=prefill_s,
-                prefill_tps=len(ctx) / prefill_s, decode_s=timed_s, decode_tps=(timed_n / timed_s) if timed_s else float("nan"),
+                prefill_tps=len(ctx) / prefill_s, prompt_pass_s=timing.get("prompt_pass_s", 0.0), decode_s=timed_s, decode_tps=(timed_n / timed_s) if timed_s else float("nan"),
                 scoring_tps=(all_n / all_s) if all_s else float("nan"),
                 attn=summarize_attention(probe.rows) if probe else None, context=len(tokens), n_scored=n_scored, chunk=chunk)
 
@@ -352,13 +355,13 @@ def evaluate(model, tokenizer, configs: list[KVCacheConfig], tasks=TASKS, contex
         rec = dict(method=cfg.method, label=config_label(cfg), config=cfg.to_dict(), context=context, n_scored=n_scored, chunk=chunk)
         if decode:
             if bar: bar.set_postfix_str(rec["label"])
-            run = ref.run if cfg == KVCacheConfig("fp16") else decode_run(model, cfg, tokens, n_scored, chunk, prefill_step, probe, progress)
+            run = ref.run if cfg == KVCacheConfig("fp16") else decode_run(model, cfg, tokens, n_scored, chunk, prefill_step, probe, progress, tokenizer)
             if bar: bar.update(1)
             rep = run["report"]
             rec.update(nbytes=rep["nbytes"], layer_nbytes=run["layer_nbytes"], shared_bytes=rep["shared_bytes"],
                        bits_per_element=rep["bits_per_element"], compression_ratio=rep["compression_ratio"],
                        peak_memory_mb=run["peak_memory_mb"], kv_peak_mb=run["kv_peak_mb"],
-                       prefill_tps=run["prefill_tps"], decode_tps=run["decode_tps"], scoring_tps=run["scoring_tps"])
+                       prefill_tps=run["prefill_tps"], prompt_pass_s=run.get("prompt_pass_s", 0.0), decode_tps=run["decode_tps"], scoring_tps=run["scoring_tps"])
             if "ppl" in tasks or "kl" in tasks:
                 q = compare_to_reference(ref, run)
                 keep = (["ppl", "ppl_fp16", "delta_ppl_pct", "nll"] if "ppl" in tasks else []) + \

@@ -15,7 +15,7 @@ import veloxquant.models as models
 # %% auto #0
 __all__ = ['KVPRESS_OPTIONS', 'check_budget', 'quantizer_config', 'EvictConfig', 'Observation', 'Scorer', 'group_sum',
            'keep_topk', 'layer_budgets', 'head_adaptive', 'EvictCache', 'eviction_factory', 'eviction_methods',
-           'run_layer', 'dump_kept', 'kvpress_options', 'kept_indices']
+           'run_layer', 'dump_kept', 'prompt_passes', 'kvpress_options', 'kept_indices']
 
 # %% ../nbs/06_evict.ipynb #2b0f66d1
 def check_budget(budget, capacity) -> None:
@@ -499,6 +499,20 @@ def dump_kept(caches, path=None) -> dict:
         with open(path, "w") as f: json.dump(out, f)
     return out
 
+# %% ../nbs/06_evict.ipynb #ba682b99
+import time
+
+def prompt_passes(model, caches, tokens, tokenizer=None) -> float:
+    """Run the prompt passes of the caches that need one (a cache class's `prompt_pass(model, caches, tokens,
+    tokenizer)` classmethod, called once per class with the whole list): `tokens` the prompt's ids (list of int) that
+    the caches hold, `tokenizer` the model's (for passes that build a prompt of their own). Returns the seconds spent
+    (0.0 when no cache needs a pass); the passes' own `ValueError`s propagate."""
+    t0, ran = time.perf_counter(), False
+    for cls in dict.fromkeys(type(c) for c in caches):
+        fn = getattr(cls, "prompt_pass", None)
+        if fn is not None: fn(model, caches, list(tokens), tokenizer); ran = True
+    return time.perf_counter() - t0 if ran else 0.0
+
 # %% ../nbs/06_evict.ipynb #614e078a
 KVPRESS_OPTIONS = {  # kvpress press parameter -> (veloxquant method, option); parameters not listed must be absent
     "snapkv": {"window_size": "window", "kernel_size": "kernel"},
@@ -508,6 +522,8 @@ KVPRESS_OPTIONS = {  # kvpress press parameter -> (veloxquant method, option); p
     "adakv": {"window_size": "window", "kernel_size": "kernel", "alpha_safeguard": "floor"},
 }
 _IGNORED = {"class", "compression_ratio"}
+_NO = object()
+_KVPRESS_FIXED = {"kvzip": {"kvzip_plus_normalization": False, "prefix_length": 0}}  # kvpress settings that are veloxquant's behaviour
 
 def kvpress_options(method_id: str, params: dict | None) -> dict:
     """veloxquant options for method `method_id` that run the setting of a kvpress press's parameter dict `params`
@@ -516,7 +532,7 @@ def kvpress_options(method_id: str, params: dict | None) -> dict:
     if method_id not in KVPRESS_OPTIONS: raise ValueError(f"method {method_id!r} has no kvpress mapping; allowed: {sorted(KVPRESS_OPTIONS)}")
     opts = {"recent_ratio": 0.0} if method_id == "h2o" else {}
     for k, v in (params or {}).items():
-        if k in _IGNORED: continue
+        if k in _IGNORED or _KVPRESS_FIXED.get(method_id, {}).get(k, _NO) == v: continue  # a setting that is ours
         if isinstance(v, dict): opts.update(kvpress_options(method_id, v)); continue  # nested press parameters
         name = KVPRESS_OPTIONS[method_id].get(k)
         if name is None: raise ValueError(f"kvpress parameter {k}={v!r} of {method_id!r} has no veloxquant option")
@@ -532,14 +548,20 @@ def kept_indices(method_id: str, token_ids: list, ratio: float, params: dict | N
     `ValueError` for a ratio outside [0, 1) or a setting without counterpart."""
     if not 0 <= ratio < 1: raise ValueError(f"ratio={ratio!r} is out of range; allowed: [0, 1) (fraction of the prompt removed)")
     cfg = KVCacheConfig(method_id, budget=1.0 - ratio, **kvpress_options(method_id, params))
-    if model is None: model = models.load_model()[0]
+    tok = None
+    if model is None: model, tok = models.load_model()
     layers = model.layers if hasattr(model, "layers") else model.model.layers
-    caches = [cfg.make_cache() for _ in layers]
+    import veloxquant.calibrate as calibrate  # calibrated methods (Q-Filters): each layer bound to its checked artifact
+    caches = [c.make_cache() for c in calibrate.layer_configs(model, cfg)]
     for i, c in enumerate(caches): c.place(i, len(caches))
     attention.install()
     mx.eval(model(mx.array(list(token_ids))[None], cache=caches))
+    prompt_passes(model, caches, list(token_ids), tok)  # passes of their own (KVzip's reconstruction)
     out = {}
     for l, c in enumerate(caches):
         c.end_prompt()
         for h, kept in enumerate(c.kept_positions()[0]): out[(l, h)] = kept
     return out
+
+# %% ../nbs/06_evict.ipynb #4b7773f4
+KVPRESS_OPTIONS.update({"kvzip": {"n_sink": "sinks", "chunk_size": "chunk", "layerwise": "layerwise"}, "qfilters": {}})
