@@ -55,7 +55,7 @@ write(dict(method="fp16", label="fp16", context=a.context, n_scored=a.n_scored, 
 for cfg in cfgs:
     if cfg.method == "fp16": continue
     try:
-        run = decode_run(model, cfg, tokens, a.n_scored, chunk=a.chunk)
+        run = decode_run(model, cfg, tokens, a.n_scored, chunk=a.chunk, tokenizer=tok)
         q, rep = compare_to_reference(ref, run), run["report"]
         write(dict(method=cfg.method, label=config_label(cfg), config=cfg.to_dict(), context=a.context, n_scored=a.n_scored,
                    chunk=a.chunk, nbytes=rep["nbytes"], bits_per_element=rep["bits_per_element"],
