@@ -524,6 +524,10 @@ class VQCache(_BaseCache):
             raise ValueError(f"corrupt or mismatched cache state: the {side} codes do not match method "
                              f"{self.config.method!r} with {self.config.options}: stored {got}, expected {want}")
 
+    def _fresh(self, config: KVCacheConfig, st) -> "VQCache":
+        "The empty cache a saved `st` is loaded into (the method's own cache; caches built otherwise, e.g. MLA layers, override this)."
+        return config.make_cache()
+
     @property
     def state(self):
         "Arrays and plain scalars: config JSON, offset, window, head dims, codes (valid part only), fp16 window and sinks, and the `checksum` of all of them (`seal_state`)."
@@ -540,7 +544,7 @@ class VQCache(_BaseCache):
     def state(self, st):
         verify_state(st, type(self).__name__)
         config = KVCacheConfig.from_dict(json.loads(st["config"]))
-        fresh = config.make_cache()
+        fresh = self._fresh(config, st)
         if type(fresh).__name__ != type(self).__name__:  # by name: a notebook session may hold its own definition of the class
             raise ValueError(f"state was saved by {type(fresh).__name__} for method {config.method!r}, not {type(self).__name__}")
         self.__dict__.update(fresh.__dict__)
