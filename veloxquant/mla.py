@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
 from .core import KVCacheConfig
 from .cache import VQCache, register_cache_class, block_tokens
 from .attention import blockwise_attention, dense_blocks
@@ -84,7 +85,7 @@ class MLACache(VQCache):
     scores `key_codec.scores(q, block)` and outputs `key_codec.mix(p, block)` over the latent codes, block by block (no
     full-context latent materialised), the exact window and step, and `pe_scores` as the additive mask; several
     queries — `mx.fast.scaled_dot_product_attention` over the keys and values the model expanded (prefill as mlx-lm).
-    Batch generation is refused (`merge`)."""
+    Batch generation is refused (`merge`, when mlx-lm builds the batch, before its first token)."""
 
     def _fresh(self, config, st):
         return mla_cache(config, *json.loads(st["dims"]))
@@ -143,7 +144,7 @@ MLACache = register_cache_class(MLACache)
 class MLAFP16Cache(MLACache):
     """`fp16` for an MLA layer: mlx-lm's `KVCache` semantics (latent and `k_pe` appended in the model dtype, both returned
     whole at every step, attention by `mx.fast.scaled_dot_product_attention` over what the model passes), so its logits
-    are the stock cache's, bit for bit."""
+    are the stock cache's, bit for bit; batch generation goes to mlx-lm's own `BatchKVCache`."""
     def update_and_fetch(self, kv_latent, k_pe):
         self._check_update(kv_latent, k_pe)
         self._ensure_codecs(kv_latent.shape[-1], k_pe.shape[-1])
@@ -154,6 +155,16 @@ class MLAFP16Cache(MLACache):
 
     def attend(self, queries, keys, values, scale, mask, sinks=None):
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+
+    @classmethod
+    def merge(cls, caches):
+        "mlx-lm's batch hook: the sequences' latents and RoPE keys as plain `KVCache`s merged into mlx-lm's own `BatchKVCache`."
+        kv = []
+        for c in caches:
+            k, n = KVCache(), c.k_store.length
+            if n: k.keys, k.values, k.offset = c.k_store.arrays["x"][:, :, :n], c.v_store.arrays["x"][:, :, :n], n
+            kv.append(k)
+        return KVCache.merge(kv)
 
 MLAFP16Cache = register_cache_class(MLAFP16Cache)
 
