@@ -32,6 +32,7 @@ def mla_dims(layer) -> tuple[int, int] | None:
     return None
 
 _OWN = ("update_and_fetch", "attend", "_flush", "_blocks", "_encode_append")  # storage and attention of the generic path
+_VERDICTS: dict = {}  # (config JSON, latent_dim) -> reason or None: checked once, not per layer and `make_cache()` call
 
 def unsupported(config: KVCacheConfig, latent_dim: int) -> str | None:
     """Why `config` cannot serve an MLA layer with a `latent_dim` latent (a sentence naming the method), or None when
@@ -40,6 +41,11 @@ def unsupported(config: KVCacheConfig, latent_dim: int) -> str | None:
     with a key codec that encodes, decodes, scores and mixes a latent. Refused: methods with a calibration artifact (made
     for per-head keys and values), eviction and cross-layer methods (their own storage and attention), configs that
     keep per-sequence statistics (`sequence_state`: a mean from the first chunk) and key codecs that fail on the latent."""
+    key = (config.to_json(), latent_dim)
+    if key not in _VERDICTS: _VERDICTS[key] = _unsupported(config, latent_dim)
+    return _VERDICTS[key]
+
+def _unsupported(config: KVCacheConfig, latent_dim: int) -> str | None:
     m = config.method
     if calibrate.calibration_of(m) is not None:
         return (f"method {m!r} needs a calibration artifact of per-head keys and values, and an MLA layer caches one "
@@ -95,7 +101,9 @@ class MLACache(VQCache):
         dt, parts = step.dtype, []
         sink, store, codec = ((self.k_sink, self.k_store, self.k_codec) if side == "k" else (self.v_sink, self.v_store, self.v_codec))
         if sink is not None: parts.append(sink.astype(dt))
-        if store.length: parts.append(codec.decode_as(store.slice(0, store.length), dt))
+        if store.length:  # the RoPE keys' store holds them as they came (IdentityCodec): sliced, not decoded
+            blk = store.slice(0, store.length)
+            parts.append(blk["x"].astype(dt) if side == "v" else codec.decode_as(blk, dt))
         exact = self.k_exact if side == "k" else self.v_exact
         if exact is not None: parts.append(exact.astype(dt))
         if not self._in_window: parts.append(step)
