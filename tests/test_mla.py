@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_architectures import BASE, method_configs  # noqa: E402
 
 import veloxquant as vq  # noqa: E402
-from veloxquant.mla import MLACache, MLAFP16Cache  # noqa: E402
+from veloxquant.mla import MLACache, MLAFP16Cache, batch_refusal  # noqa: E402
 
 MLA = dict(kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=None,
            n_shared_experts=None, moe_intermediate_size=64, routed_scaling_factor=1.0, first_k_dense_replace=0, n_group=1,
@@ -245,4 +245,7 @@ def test_batch():
         vq.compress(m, vq.KVCacheConfig("affine", group_size=32))
         with pytest.raises(ValueError, match="MLA caches .* do not support batch generation"):
             batched(m, prompts, 5)
+        assert "only fp16 batches" in batch_refusal(m.make_cache())  # what `veloxquant serve` checks before serving
+        vq.compress(m, vq.KVCacheConfig("fp16"))
+        assert batch_refusal(m.make_cache()) is None
     finally: vq.decompress(m)

@@ -15,7 +15,7 @@ from .methods.fp16 import IdentityCodec
 import veloxquant.calibrate as calibrate
 
 # %% auto #0
-__all__ = ['MLACache', 'MLAFP16Cache', 'mla_dims', 'unsupported', 'mla_cache']
+__all__ = ['MLACache', 'MLAFP16Cache', 'mla_dims', 'unsupported', 'mla_cache', 'batch_refusal']
 
 # %% ../nbs/07a_mla.ipynb #a1b2c3d3
 _MLA_ATTRS = ("kv_lora_rank", "qk_rope_head_dim", "embed_q", "unembed_out")
@@ -189,3 +189,12 @@ def mla_cache(config: KVCacheConfig, latent_dim: int, rope_dim: int) -> MLACache
     c = cls(config, codecs, window=0 if cls is MLAFP16Cache else proto.window, sinks=0 if cls is MLAFP16Cache else proto.sinks)
     c._ensure_codecs(latent_dim, rope_dim)
     return c
+
+def batch_refusal(caches) -> str | None:
+    """Why mlx-lm's batch generation (`BatchGenerator`, the server's continuous batching) would refuse `caches` (one
+    model's, from `make_cache()`), or None: MLA layers batch with `fp16` only (`MLACache.merge`)."""
+    for c in caches:
+        if isinstance(c, MLACache) and not isinstance(c, MLAFP16Cache):
+            return (f"method {c.config.method!r} on multi-head latent attention layers: batch generation (continuous "
+                    "batching) is not supported for them yet; only fp16 batches MLA layers")
+    return None
