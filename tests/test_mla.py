@@ -249,3 +249,19 @@ def test_batch():
         vq.compress(m, vq.KVCacheConfig("fp16"))
         assert batch_refusal(m.make_cache()) is None
     finally: vq.decompress(m)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_sinks_window_order(dtype):
+    """Near-exact 8-bit latent codes with 4 sink tokens and an fp16 window of 8: the RoPE scores (the model's additive mask)
+    line up with sinks, codes, window and step in position order (KL ~ 1e-6; a misordering gives a large KL); float16 takes
+    the decode path that writes into the preallocated window buffer."""
+    # `build` is cached and set_dtype changes the model in place: the float16 model is a distinct (3-layer) one
+    m = build("deepseek_v3") if dtype == "float32" else build("deepseek_v3", num_hidden_layers=3)
+    if dtype == "float16": m.set_dtype(mx.float16)
+    ref = run(m, make_prompt_cache(m))
+    caches = vq.KVCacheBuilder.for_model(m, vq.KVCacheConfig("affine", key_bits=8, group_size=32, window=8, sinks=4))
+    out = run(m, caches)
+    c = caches[0]
+    assert c.n_sink == 4 and c.k_store.length > 0 and c.k_exact is not None and (c._xbuf if dtype == "float16" else True)
+    assert kl(ref, out) < 1e-4
