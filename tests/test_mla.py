@@ -265,3 +265,14 @@ def test_sinks_window_order(dtype):
     c = caches[0]
     assert c.n_sink == 4 and c.k_store.length > 0 and c.k_exact is not None and (c._xbuf if dtype == "float16" else True)
     assert kl(ref, out) < 1e-4
+
+
+def test_eval_harness():
+    "The evaluation harness runs on an MLA model: KL/perplexity against the fp16 reference; MLA layers are left out of the attention probe."
+    from veloxquant.eval import decode_run, fp16_reference, compare_to_reference
+    m = build("deepseek_v3")
+    toks = [int(t) for t in PROMPT] + [int(t) for t in PROMPT[:64]]
+    ref = fp16_reference(m, toks, 64)
+    run = decode_run(m, vq.KVCacheConfig("affine", key_bits=4, group_size=32, window=0), toks, 64, attn_probe=4)
+    q = compare_to_reference(ref, run)
+    assert q["kl_mean"] < 2e-2 and run["attn"] == [] and run["report"]["elements"] == 2 * 159 * 80  # 160 tokens, the last one only scored
