@@ -159,7 +159,7 @@ def test_refused_variants():
     with pytest.raises(ValueError, match="cannot code a 48-dim latent"):
         vq.compress(m, vq.KVCacheConfig("affine", group_size=32))
     vq.KVCacheBuilder.for_model(m, vq.KVCacheConfig("fp16"))  # fp16 serves it
-    m = build("deepseek_v3", num_hidden_layers=3)
+    m = build.__wrapped__("deepseek_v3")  # a fresh model (not the cached one): its make_cache is replaced
     m.make_cache = lambda: [RotatingKVCache(max_size=16) for _ in m.layers]
     with pytest.raises(ValueError, match="its MLA layers use a RotatingKVCache"):
         vq.KVCacheBuilder.for_model(m, vq.KVCacheConfig("fp16"))
@@ -256,8 +256,7 @@ def test_sinks_window_order(dtype):
     """Near-exact 8-bit latent codes with 4 sink tokens and an fp16 window of 8: the RoPE scores (the model's additive mask)
     line up with sinks, codes, window and step in position order (KL ~ 1e-6; a misordering gives a large KL); float16 takes
     the decode path that writes into the preallocated window buffer."""
-    # `build` is cached and set_dtype changes the model in place: the float16 model is a distinct (3-layer) one
-    m = build("deepseek_v3") if dtype == "float32" else build("deepseek_v3", num_hidden_layers=3)
+    m = build("deepseek_v3") if dtype == "float32" else build.__wrapped__("deepseek_v3")  # set_dtype: not the cached model
     if dtype == "float16": m.set_dtype(mx.float16)
     ref = run(m, make_prompt_cache(m))
     caches = vq.KVCacheBuilder.for_model(m, vq.KVCacheConfig("affine", key_bits=8, group_size=32, window=8, sinks=4))
