@@ -35,6 +35,8 @@ OVERRIDES = {
     "lfm2": dict(full_attn_idxs=[1], block_dim=128, block_ff_dim=128, block_multiple_of=32, block_ffn_dim_multiplier=1.0,
                  block_auto_adjust_ff_dim=False, conv_bias=False, conv_L_cache=3),
     "granitemoehybrid": dict(layer_types=["mamba", "attention"]),
+    "mistral4": dict(kv_lora_rank=64, q_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, rope_parameters=dict(rope_theta=10000.0, llama_4_scaling_beta=0.1, original_max_position_embeddings=512,
+                                          rope_type="default")),
 }
 NOT_BUILT = {}  # family -> why its tiny model cannot be built here (filled below from a committed list)
 

@@ -9,6 +9,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, ChunkedKVCache
 from .core import KVCacheConfig
 from .attention import install, attention_hook
 from .sliding import equivalent_cache
+import veloxquant.mla as mla
 import veloxquant.calibrate as calibrate
 import veloxquant.rope as rope
 from .group import link
@@ -47,7 +48,21 @@ def _build(model, configs: list) -> list:
         raise refusal(model, f"its make_cache builds caches of type {', '.join(bad)}; veloxquant stands in only for "
                              "KVCache, RotatingKVCache and ChunkedKVCache layers")
     family = type(model).__module__.rsplit(".", 1)[-1]
-    return [equivalent_cache(c, cfg, family) for c, cfg in zip(own, configs)]
+    out = []
+    for c, cfg, layer in zip(own, configs, model_layers(model)):
+        dims = mla.mla_dims(layer)  # an MLA layer (latent + RoPE key in the cache): veloxquant.mla
+        if dims is None: out.append(equivalent_cache(c, cfg, family)); continue
+        if type(c) is not KVCache:
+            raise refusal(model, f"its MLA layers use a {type(c).__name__}; veloxquant serves MLA layers with a plain KVCache only")
+        try: out.append(mla.mla_cache(cfg, *dims))
+        except ValueError as e: raise refusal(model, str(e)) from None
+    return out
+
+def _refuse_mla_method(model, config) -> None:
+    "The build-time refusal for a method that cannot serve `model`'s MLA layers (`veloxquant.mla.unsupported`), if it has any."
+    dims = next((d for d in map(mla.mla_dims, model_layers(model)) if d is not None), None)
+    why = None if dims is None else mla.unsupported(config, dims[0])
+    if why: raise refusal(model, why)
 
 class _Verdict:  # a plain object, so that mlx's Module keeps it out of the parameter tree
     def __init__(self, error): self.error = error
@@ -108,6 +123,7 @@ class KVCacheBuilder:
         if not isinstance(config, KVCacheConfig): raise ValueError(f"config={config!r} must be a KVCacheConfig")
         install()
         check_model(model)
+        _refuse_mla_method(model, config)  # before a calibrated method looks for its artifact
         # one config per layer: a calibrated method gets its checked artifact's path and its layer (`veloxquant.calibrate`)
         caches = link(_build(model, calibrate.layer_configs(model, config)))  # cross-layer methods: one cache group
         for i, c in enumerate(caches):  # caches whose budget depends on the layer (e.g. PyramidKV) learn their index

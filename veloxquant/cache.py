@@ -160,8 +160,7 @@ def verify_state(st, owner: str) -> None:
         warnings.warn(f"{owner}: this saved cache state has no checksum (written before veloxquant saved one); it is "
                       "loaded with the structural checks only", UserWarning, stacklevel=3)
         return
-    body = st if isinstance(st, dict) else st[:-1]
-    want = state_checksum(body)
+    want = state_checksum(st if isinstance(st, dict) else st[:-1])
     if got.shape != want.shape or not mx.array_equal(got, want).item():
         raise ValueError(f"corrupt cache state for {owner}: the stored checksum does not match the stored arrays and "
                          "scalars (the file was edited or damaged); refused")
@@ -545,8 +544,7 @@ class VQCache(_BaseCache):
         return n
 
     def shared_artifacts(self) -> dict:
-        if self.k_codec is None: return {}
-        return {**self.k_codec.shared_artifacts(), **self.v_codec.shared_artifacts()}
+        return {} if self.k_codec is None else {**self.k_codec.shared_artifacts(), **self.v_codec.shared_artifacts()}
 
     # -- state for save_prompt_cache / load_prompt_cache ------------------------------------------
     def _check_layout(self, side, codec, arrays):
@@ -561,12 +559,14 @@ class VQCache(_BaseCache):
             raise ValueError(f"corrupt or mismatched cache state: the {side} codes do not match method "
                              f"{self.config.method!r} with {self.config.options}: stored {got}, expected {want}")
 
+    def _fresh(self, config: KVCacheConfig, st) -> "VQCache":  # the empty cache a saved `st` loads into (MLA layers override)
+        return config.make_cache()
+
     @property
     def state(self):
         "Arrays and plain scalars: config JSON, offset, window, head dims, codes (valid part only), fp16 window and sinks, and the `checksum` of all of them (`seal_state`)."
         if self.pending is not None: self._flush()
-        st = {"config": self.config.to_json(), "offset": self.offset, "window": self.window,
-              "dims": json.dumps(self.dims)}
+        st = {"config": self.config.to_json(), "offset": self.offset, "window": self.window, "dims": json.dumps(self.dims)}
         if self.k_store.length:
             st["k"] = self.k_store.slice(0, self.k_store.length); st["v"] = self.v_store.slice(0, self.v_store.length)
         if self.k_exact is not None: st["k_exact"], st["v_exact"] = self.k_exact, self.v_exact
@@ -577,7 +577,7 @@ class VQCache(_BaseCache):
     def state(self, st):
         verify_state(st, type(self).__name__)
         config = KVCacheConfig.from_dict(json.loads(st["config"]))
-        fresh = config.make_cache()
+        fresh = self._fresh(config, st)
         if type(fresh).__name__ != type(self).__name__:  # by name: a notebook session may hold its own definition of the class
             raise ValueError(f"state was saved by {type(fresh).__name__} for method {config.method!r}, not {type(self).__name__}")
         self.__dict__.update(fresh.__dict__)

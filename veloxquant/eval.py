@@ -111,8 +111,10 @@ class AttentionProbe:
 
     def __call__(self, cache, queries, keys, values, out):
         from veloxquant.cache import VQCache
+        from veloxquant.mla import MLACache
         i = self.idx.get(id(cache))
         if i is None or hasattr(cache, "max_size") or hasattr(cache, "chunk_size"): return  # windowed layer: no full-causal reference
+        if isinstance(cache, MLACache): return  # MLA layer: prefill passes expanded per-head keys, decode one latent (not probed)
         self.k[i].append(keys); self.v[i].append(values)
         if not self.active: return
         K, V = mx.concatenate(self.k[i], axis=2), mx.concatenate(self.v[i], axis=2)

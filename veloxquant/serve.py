@@ -9,6 +9,7 @@ import mlx.core as mx
 from .core import KVCacheConfig, cache_report, method_ids, parse_method
 from .builder import compress
 import veloxquant.distributed as dist
+import veloxquant.mla as mla
 from .models import is_mlx_kv_flag, split_model_flag, check_model_arg
 
 # %% auto #0
@@ -170,6 +171,8 @@ def serve_main(argv: list[str]) -> None:
         except ValueError as e:
             # mlx-lm loads the model in its generation thread, where an exception would leave a server that never answers
             print(f"veloxquant serve: error: {e}", file=sys.stderr, flush=True); os._exit(2)
+        why = mla.batch_refusal(model.make_cache())  # continuous batching is always on: a method that cannot batch exits now
+        if why: print(f"veloxquant serve: error: {why}", file=sys.stderr, flush=True); os._exit(2)
         where = f" (rank {group.rank()} of {group.size()}: {dist.head_counts(model)[1]} KV heads per rank)" if group.size() > 1 else ""
         logging.info(f"veloxquant: {path} compressed with {config}{where}; caches have `merge`, so continuous batching stays on")
     def sharded_load(path, *a, **kw):  # what mlx-lm's server loads with under mlx.launch
