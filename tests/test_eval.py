@@ -130,3 +130,14 @@ def test_cli_eval_end_to_end(tmp_path):
             assert "vegaEmbed" in page and "<script src=" not in page and 'src="http' not in page  # offline: no CDN
     bad = subprocess.run(cmd[:4] + ["--methods", "affine:key_bits=9", "--out", str(out)], capture_output=True, text=True)
     assert bad.returncode == 2 and "key_bits=9" in bad.stderr
+
+
+def test_refused_config_is_a_row_not_the_end(real, tmp_path):
+    "A config the builder refuses (here: a calibrated method pointed at a missing artifact) is recorded as refused; the rest run."
+    model, tok, _ = real
+    bad = KVCacheConfig("spectral", path=str(tmp_path / "missing.safetensors"))
+    recs = ve.evaluate(model, tok, [bad, KVCacheConfig("affine")], tasks=("ppl",), context=96, n_scored=8, progress=False)
+    assert [("refused" in r) for r in recs] == [True, False]
+    assert "missing.safetensors" in recs[0]["refused"] and "ppl" not in recs[0] and recs[1]["ppl"] > 1
+    table = ve.results_table(recs)
+    assert "refused at build time: spectral" in table and table.count("\n") >= 3

@@ -275,3 +275,11 @@ def test_eval_harness():
     run = decode_run(m, vq.KVCacheConfig("affine", key_bits=4, group_size=32, window=0), toks, 64, attn_probe=4)
     q = compare_to_reference(ref, run)
     assert q["kl_mean"] < 2e-2 and run["attn"] == [] and run["report"]["elements"] == 2 * 159 * 80  # 160 tokens, the last one only scored
+
+
+def test_value_options_cannot_refuse_the_latent():
+    "MLA layers never use the value codec: a value option that does not divide the latent must not refuse it."
+    import veloxquant.mla as mla
+    from veloxquant.core import parse_method
+    assert mla.unsupported(parse_method("kivi:window=0,group_size=32,value_group=64"), 96) is None
+    assert "cannot code a 48-dim latent" in mla.unsupported(parse_method("affine:group_size=32"), 48)

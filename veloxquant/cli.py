@@ -11,8 +11,8 @@ from .builder import compress, decompress
 from .models import MLX_KV_FLAGS, is_mlx_kv_flag, split_model_flag, check_model_arg
 
 # %% auto #0
-__all__ = ['run_method', 'print_table', 'demo', 'generate_parser', 'generate_main', 'eval_main', 'int_list', 'benchmark_main',
-           'main']
+__all__ = ['run_method', 'print_table', 'demo', 'generate_parser', 'prompt_cache_file_refusal', 'generate_main', 'eval_main',
+           'int_list', 'benchmark_main', 'main']
 
 # %% ../nbs/08_cli.ipynb #38194602
 def _maybe_reexec_with_openblas(argv):
@@ -131,6 +131,25 @@ def generate_parser(g=None) -> argparse.ArgumentParser:
                    help="KV-cache method 'id:opt=val,...' (default: %(default)s); methods: " + ", ".join(method_ids()))
     return p
 
+def prompt_cache_file_refusal(rest: list[str]) -> str | None:
+    """Why `--prompt-cache-file F` in mlx-lm's arguments `rest` cannot run compressed, or None. mlx-lm then generates
+    with the caches saved in F instead of the model's `make_cache`: a file of mlx-lm's own caches (`mlx_lm cache_prompt`)
+    would run uncompressed under `--method`, so it is refused (as is a file that does not exist or does not load)."""
+    opts = [a for a in rest if a == "--prompt-cache-file" or a.startswith("--prompt-cache-file=")]
+    if not opts: return None
+    a = opts[0]
+    path = a.split("=", 1)[1] if "=" in a else (rest[rest.index(a) + 1] if rest.index(a) + 1 < len(rest) else None)
+    if not path: return "--prompt-cache-file needs a file"
+    from mlx_lm.models.cache import load_prompt_cache
+    try: caches = load_prompt_cache(path)
+    except Exception as e: return f"--prompt-cache-file {path}: cannot load it ({type(e).__name__}: {e})"
+    stock = sorted({type(c).__name__ for c in caches if not type(c).__module__.startswith("veloxquant")})
+    if stock:
+        return (f"--prompt-cache-file {path} holds mlx-lm's own uncompressed caches ({', '.join(stock)}): generation would "
+                "run uncompressed, ignoring --method; drop the file, or save a prompt cache built by veloxquant "
+                "(mlx_lm.models.cache.save_prompt_cache of caches from veloxquant.KVCacheBuilder.for_model)")
+    return None
+
 def generate_main(argv):
     "`mlx_lm.generate`'s CLI with the model compressed by `--method` (default model: the embedded one)."
     import importlib
@@ -160,6 +179,8 @@ def generate_main(argv):
         print(f"veloxquant generate: error: {refused[0]} configures mlx-lm's own KV cache, which --method replaces "
               "(it would be ignored); choose the cache with --method, e.g. --method affine:key_bits=4,value_bits=4", file=sys.stderr)
         sys.exit(2)
+    if (why := prompt_cache_file_refusal(rest)):
+        print(f"veloxquant generate: error: {why}", file=sys.stderr); sys.exit(2)
     if "--model" in rest and (i := rest.index("--model") + 1) < len(rest) and not ("-h" in rest or "--help" in rest):
         try:
             check_model_arg(rest[i])
@@ -325,3 +346,6 @@ def main(argv=None):
     elif a.cmd == "precompute":
         from veloxquant.quant import precompute
         print(f"wrote {precompute(a.out)}")
+
+if __name__ == "__main__" and "__file__" in globals():  # `python -m veloxquant.cli ...` (not when a notebook runs this cell)
+    sys.exit(main())

@@ -327,7 +327,9 @@ def evaluate(model, tokenizer, configs: list[KVCacheConfig], tasks=TASKS, contex
     `delta_ppl_pct`, `kl_mean`, `kl_p99` (nats), `top1_agreement` (0–1); `nbytes`, `layer_nbytes`,
     `shared_bytes` (bytes), `bits_per_element`, `compression_ratio`, `peak_memory_mb`, `kv_peak_mb`,
     `prefill_tps`, `decode_tps`, `scoring_tps`; `attn` (per-layer list), `attn_out_err`, `attn_score_err` (means over
-    layers); `niah` (grid rows) and `niah_accuracy` (0–1). Raises `ValueError` for unknown tasks,
+    layers); `niah` (grid rows) and `niah_accuracy` (0–1). A config the model cannot be served with (the builder's
+    build-time refusal, e.g. an eviction method on MLA layers, or a calibrated method without its artifact) gives a
+    record with `refused` (the error message) and no measurements; the others still run. Raises `ValueError` for unknown tasks,
     `n_scored` not in [2, context − 16] or a config that is not a `KVCacheConfig`."""
     from veloxquant.models import eval_tokens
     tasks = parse_tasks(tasks)
@@ -355,6 +357,11 @@ def evaluate(model, tokenizer, configs: list[KVCacheConfig], tasks=TASKS, contex
     records = []
     for cfg in configs:
         rec = dict(method=cfg.method, label=config_label(cfg), config=cfg.to_dict(), context=context, n_scored=n_scored, chunk=chunk)
+        try: KVCacheBuilder.for_model(model, cfg)   # a config this model cannot be served with is a row, not the end of the run
+        except ValueError as e:
+            records.append(dict(rec, refused=str(e)))
+            if bar: bar.update(decode + cells * ("niah" in tasks))
+            continue
         if decode:
             if bar: bar.set_postfix_str(rec["label"])
             run = ref.run if cfg == KVCacheConfig("fp16") else decode_run(model, cfg, tokens, n_scored, chunk, prefill_step, probe, progress, tokenizer)
@@ -371,7 +378,7 @@ def evaluate(model, tokenizer, configs: list[KVCacheConfig], tasks=TASKS, contex
                 rec.update({k: q[k] for k in keep})
             if probe:
                 rec["attn"] = run["attn"]
-                rec["attn_out_err"] = float(np.mean([a["out_rel_err"] for a in run["attn"]]))
+                rec["attn_out_err"] = float(np.mean([a["out_rel_err"] for a in run["attn"]])) if run["attn"] else None  # none: MLA layers only
                 se = [a["score_rel_err"] for a in run["attn"] if a["score_rel_err"] is not None]
                 rec["attn_score_err"] = float(np.mean(se)) if se else None
         if "niah" in tasks:
@@ -387,7 +394,9 @@ def _f(v, fmt):
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
 def results_table(records: list[dict]) -> str:
-    "Aligned text table of `evaluate` records (columns present in any record only)."
+    "Aligned text table of `evaluate` records (columns present in any record only); refused configs listed after it."
+    refused = [r for r in records if r.get("refused")]
+    records = [r for r in records if not r.get("refused")]
     cols = [("label", "method", "s"), ("bits_per_element", "bits/elt", ".2f"), ("compression_ratio", "ratio", ".2f"),
             ("nbytes", "KV MiB", ""), ("delta_ppl_pct", "ΔPPL %", "+.2f"), ("kl_mean", "KL mean", ".4f"),
             ("kl_p99", "KL p99", ".4f"), ("top1_agreement", "top-1 %", ""), ("niah_accuracy", "NIAH %", ""),
@@ -403,7 +412,8 @@ def results_table(records: list[dict]) -> str:
     rows = [[cell(r, k, f) for k, _, f in cols] for r in records]
     w = [max(len(h), *(len(x[i]) for x in rows)) if rows else len(h) for i, (_, h, _) in enumerate(cols)]
     out = [" | ".join(h.ljust(w[i]) for i, (_, h, _) in enumerate(cols)), "-+-".join("-" * x for x in w)]
-    return "\n".join(out + [" | ".join(c.ljust(w[i]) for i, c in enumerate(x)) for x in rows])
+    return "\n".join(out + [" | ".join(c.ljust(w[i]) for i, c in enumerate(x)) for x in rows]
+                     + [f"refused at build time: {r['label']}: {r['refused']}" for r in refused])
 
 def _jsonable(o):
     if isinstance(o, float) and not math.isfinite(o): return None

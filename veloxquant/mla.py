@@ -45,6 +45,15 @@ def unsupported(config: KVCacheConfig, latent_dim: int) -> str | None:
     if key not in _VERDICTS: _VERDICTS[key] = _unsupported(config, latent_dim)
     return _VERDICTS[key]
 
+def _key_codec(proto, latent_dim: int):
+    """The method's key codec for the latent. `_make_codecs` builds a value codec too, which MLA layers never use (the
+    RoPE key goes exact): it is built over a value width its options accept, so value options cannot refuse the latent."""
+    err = None
+    for vd in (128, latent_dim, 64, 256):
+        try: return proto._make_codecs(latent_dim, vd)[0]
+        except ValueError as e: err = err or e
+    raise err
+
 def _unsupported(config: KVCacheConfig, latent_dim: int) -> str | None:
     m = config.method
     if calibrate.calibration_of(m) is not None:
@@ -56,13 +65,13 @@ def _unsupported(config: KVCacheConfig, latent_dim: int) -> str | None:
         return f"method {m!r} builds a {type(proto).__name__}, not a per-token quantizer over veloxquant's generic cache"
     own = [n for n in _OWN if getattr(type(proto), n) is not getattr(VQCache, n)]
     if own:
-        return (f"method {m!r} ({type(proto).__name__}) keeps its own storage or attention ({', '.join(own)}: eviction and "
-                "cross-layer methods), which is not defined over an MLA layer's shared latent; only per-token quantizers are served")
+        return (f"method {m!r} ({type(proto).__name__}) keeps its own storage or attention ({', '.join(own)}: eviction, "
+                "cross-layer and entropy-coded methods), which is not defined over an MLA layer's shared latent; only per-token quantizers are served")
     if getattr(config.options, "sequence_state", False):
         return (f"method {m!r} with {config.options} keeps per-sequence statistics (sequence_state), which the MLA "
                 "cache does not save or restore")
     try:
-        kc = proto._make_codecs(latent_dim, latent_dim)[0]
+        kc = _key_codec(proto, latent_dim)
         x = mx.random.normal((1, 1, max(1, kc.token_group), latent_dim), key=mx.random.key(0))
         blk = kc.encode(x)
         q = mx.ones((1, 1, 2, 1, latent_dim))
@@ -183,8 +192,7 @@ def mla_cache(config: KVCacheConfig, latent_dim: int, rope_dim: int) -> MLACache
     why = unsupported(config, latent_dim)
     if why: raise ValueError(why)
     proto = config.make_cache()
-    make = proto._make_codecs
-    codecs = lambda kd, vd: (make(kd, kd)[0], IdentityCodec(vd))
+    codecs = lambda kd, vd: (_key_codec(proto, kd), IdentityCodec(vd))
     cls = MLAFP16Cache if type(proto).__name__ == "FP16Cache" else MLACache
     c = cls(config, codecs, window=0 if cls is MLAFP16Cache else proto.window, sinks=0 if cls is MLAFP16Cache else proto.sinks)
     c._ensure_codecs(latent_dim, rope_dim)
