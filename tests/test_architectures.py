@@ -132,3 +132,17 @@ def test_refused_family(family, message):
     with pytest.raises(ValueError, match=message):
         vq.compress(model, vq.KVCacheConfig("affine", group_size=32))
     assert not hasattr(model, "_vq_config")  # left as it was
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3", "qwen3", "gemma3_text", "llama_swa"])
+@pytest.mark.parametrize("spec", ["svdq:min_tokens=8,window=4,group_size=32", "kvtc:min_tokens=8,window=4,sinks=2"])
+def test_prerope_lowrank_family(family, spec):
+    """svdq / kvtc with a basis fitted after 8 tokens (their defaults wait for 256, so test_family leaves them in fp16):
+    keys rotated back with each layer's own RoPE, coded, attended with RoPE re-applied per tile; sliding layers stay fp16."""
+    from veloxquant.core import parse_method
+    model = build(family)
+    caches = vq.KVCacheBuilder.for_model(model, parse_method(spec))
+    out = run_long(model, caches)  # 48 tokens in prefill chunks and decode steps
+    assert mx.isfinite(out).all().item()
+    coded = [c for c in caches if getattr(c, "k_store", None) is not None and c.k_store.length]
+    assert coded and all(c.rope_spec is not None and c.k_codec.fitted() for c in coded)

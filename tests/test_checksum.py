@@ -24,6 +24,14 @@ def filled(c, n=40):
     mx.eval(c.state); return c
 
 
+def svdq(method="svdq", **opts):
+    "svdq codes only once it knows the layer's RoPE (the builder calls use_rope): set by hand here (kvtc saves range-coded 1-D streams: its tamper test is in its notebook)."
+    from veloxquant.rope import RopeSpec
+    c = vq.KVCacheConfig(method, min_tokens=8, window=4, **opts).make_cache()
+    c.use_rope(RopeSpec(head_dim=32, dims=32, traditional=False, base=10000.0, freqs=None))
+    return c
+
+
 def batch(cfg):
     a, b = filled(cfg.make_cache(), 40), filled(cfg.make_cache(), 20)
     return merge_caches([a, b])
@@ -35,6 +43,7 @@ CASES = {
     "rotating": lambda: filled(sliding_cache(AFF, 16, 0)),
     "chunked": lambda: filled(chunked_cache(AFF, 8)),
     "fp16_rotating": lambda: filled(sliding_cache(vq.KVCacheConfig("fp16"), 16, 0)),
+    "svdq": lambda: filled(svdq(group_size=32)),
     "batch": lambda: batch(AFF),
     "fp16_batch": lambda: batch(vq.KVCacheConfig("fp16")),
 }

@@ -64,7 +64,8 @@ def test_fp16_bit_identical_tiny(tiny_model):
                                   "xquant:window=7", "xquant:window=0,key_bits=1",
                                   "minicache:window=7,start=0.0", "minicache:window=0,start=0.0,gamma=0.5",
                                   "cachegen:window=8", "cachegen:window=0,chunk=4,early_bits=8",
-                                  "xkv:layers=2,key_rank=16,value_rank=24",
+                                  "xkv:layers=2,key_rank=16,value_rank=24", "svdq:min_tokens=64,window=16", "kvtc:min_tokens=64,window=16",
+                                  "svdq:schedule=8-2-0-0-0-0-0-0,value_bits=2,group_size=32,window=7,sinks=3",
                                   "snapkv:budget=0.3,quantizer=turboquant:key_bits=3+value_bits=3", "adakv:budget=0.25,window=8",
                                   "morphkv:budget=0.4,window=8", "morphkv:capacity=40,window=4,fusion=max",
                                   "morphkv:budget=0.4,window=8,quantizer=turboquant:key_bits=3+value_bits=3",
@@ -93,7 +94,8 @@ def test_corrupt_state_refused(tiny_model):
 
 
 @pytest.mark.parametrize("spec", ["fp16", "affine:key_bits=4,value_bits=4", "rabitq", "rabitq:window=0", "xquant",
-                                  "minicache:start=0.0", "xkv:layers=2"])
+                                  "minicache:start=0.0", "xkv:layers=2", "svdq:min_tokens=16,window=8",
+                                  "kvtc:min_tokens=16,window=8,sinks=0"])
 def test_trim_then_continue(tiny_model, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec); toks = list(range(10, 70))
