@@ -26,6 +26,7 @@ HELPERS = {"activations", "base", "bitlinear_layers", "cache", "gated_delta", "m
            "switch_layers", "__init__"}
 TEXT = lambda t, **kw: dict(text_config=dict(BASE, model_type=t, **kw))  # noqa: E731
 SL = ["sliding_attention", "full_attention"]
+G4 = dict(num_kv_shared_layers=0, vocab_size_per_layer_input=100, hidden_size_per_layer_input=16, layer_types=SL)
 MLA = dict(kv_lora_rank=64, q_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=48, v_head_dim=32)
 OVERRIDES = {
     "gemma3": TEXT("gemma3_text"), "qwen2_vl": TEXT("qwen2"), "qwen3_vl": TEXT("qwen3"), "qwen3_vl_moe": TEXT("qwen3_moe"),
@@ -63,17 +64,21 @@ OVERRIDES = {
     "glm_moe_dsa": dict(MLA, index_head_dim=32, index_n_heads=2, index_topk=8, n_routed_experts=4, n_shared_experts=1,
                         routed_scaling_factor=1.0, topk_method="noaux_tc", scoring_func="sigmoid", n_group=1, topk_group=1,
                         moe_layer_freq=1, first_k_dense_replace=1, rope_parameters=dict(rope_theta=10000.0, type="default")),
-    "kimi_k3": TEXT("kimi_k3", hidden_act="situ"),
+    "kimi_k3": TEXT("kimi_k3", hidden_act="situ", linear_attn_config=dict(kda_layers=[1], num_heads=4, head_dim=32,
+                    short_conv_kernel_size=4), model_max_length=512, kv_lora_rank=64, qk_nope_head_dim=32,
+                    qk_rope_head_dim=16, v_head_dim=32, num_experts_per_token=2),
     "longcat_flash": dict(mla_scale_q_lora=True, mla_scale_kv_lora=True, zero_expert_type="identity"),
     "longcat_flash_ngram": dict(mla_scale_q_lora=True, mla_scale_kv_lora=True),
     "spark2_5": dict(layer_types=SL, hidden_act="gelu", rope_parameters=dict(sliding_attention=dict(rope_theta=10000.0),
                                                                              full_attention=dict(rope_theta=10000.0))),
     "llama4_text": dict(no_rope_layers=[1, 0], attention_chunk_size=8, interleave_moe_layer_step=2, intermediate_size_mlp=128),
-    "mimo_v2_flash": dict(hybrid_layer_pattern=[1, 0], moe_layer_freq=[0, 1], layernorm_epsilon=1e-5),
+    "mimo_v2_flash": dict(hybrid_layer_pattern=[1, 0], moe_layer_freq=[0, 1], layernorm_epsilon=1e-5, topk_method="noaux_tc"),
     "plamo": dict(n_shared_head=2),
     "qwen3_5": TEXT("qwen3_5", full_attention_interval=2, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32, linear_value_head_dim=32),
     "qwen3_5_moe": TEXT("qwen3_5_moe", full_attention_interval=2, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32, linear_value_head_dim=32),
     "qwen3_next": dict(full_attention_interval=2),
+    "gemma4_text": dict(G4), "gemma4": TEXT("gemma4_text", **G4),
+    "prism_hadamard_qwen35": dict(**TEXT("qwen3_5", full_attention_interval=2, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32, linear_value_head_dim=32), tensor_namespace="mlx-vlm-qwen3_5"),
     "exaone_moe": dict(num_shared_experts=1, layer_types=SL, is_moe_layer=[False, True]),
     "openelm": dict(num_transformer_layers=2, model_dim=128, ffn_dim_divisor=32, num_query_heads=[4, 4], num_kv_heads=[2, 2],
                     ffn_multipliers=[1.0, 1.0]),
