@@ -7,7 +7,7 @@ cache exists) — nothing else: no silent corruption, no failure at the first to
 run through them with finite logits, every layer holds a veloxquant cache that attends itself, and the build-time probe (exact fp16 reference
 caches vs the model's own, `veloxquant.builder.check_model`) passed. Families whose tiny model cannot be built from generic
 arguments here are listed in NOT_BUILT with the reason, so the list is explicit and cannot grow unnoticed."""
-import dataclasses, importlib, json, os, pkgutil, signal, subprocess, sys
+import dataclasses, importlib, json, os, pkgutil, signal, subprocess, sys, types
 from pathlib import Path
 
 import mlx.core as mx
@@ -26,6 +26,8 @@ HELPERS = {"activations", "base", "bitlinear_layers", "cache", "gated_delta", "m
            "switch_layers", "__init__"}
 TEXT = lambda t, **kw: dict(text_config=dict(BASE, model_type=t, **kw))  # noqa: E731
 SL = ["sliding_attention", "full_attention"]
+LFM2 = dict(full_attn_idxs=[1], block_dim=128, block_ff_dim=128, block_multiple_of=32, block_ffn_dim_multiplier=1.0,
+            block_auto_adjust_ff_dim=False, conv_bias=False, conv_L_cache=3)
 G4 = dict(num_kv_shared_layers=0, vocab_size_per_layer_input=100, hidden_size_per_layer_input=16, layer_types=SL)
 MLA = dict(kv_lora_rank=64, q_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=48, v_head_dim=32)
 OVERRIDES = {
@@ -34,8 +36,7 @@ OVERRIDES = {
     "gptj": dict(n_embd=128, n_head=4, n_layer=2, rotary_dim=16, n_positions=512),
     "phixtral": dict(num_vocab=100, model_dim=128, num_heads=4, num_layers=2, rotary_dim=16),
     "qwen": dict(intermediate_size=256, kv_channels=32),
-    "lfm2": dict(full_attn_idxs=[1], block_dim=128, block_ff_dim=128, block_multiple_of=32, block_ffn_dim_multiplier=1.0,
-                 block_auto_adjust_ff_dim=False, conv_bias=False, conv_L_cache=3),
+    "lfm2": LFM2,
     "mistral4": dict(kv_lora_rank=64, q_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, rope_parameters=dict(rope_theta=10000.0, llama_4_scaling_beta=0.1, original_max_position_embeddings=512,
                                           rope_type="default")),
     "afm7": dict(num_kv_reuse_layers=1),
@@ -77,6 +78,14 @@ OVERRIDES = {
     "qwen3_5": TEXT("qwen3_5", full_attention_interval=2, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32, linear_value_head_dim=32),
     "qwen3_5_moe": TEXT("qwen3_5_moe", full_attention_interval=2, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32, linear_value_head_dim=32),
     "qwen3_next": dict(full_attention_interval=2),
+    "phi3small": dict(dense_attention_every_n_layers=2, ff_intermediate_size=128, gegelu_limit=20.0,
+                      mup_embedding_multiplier=1.0, mup_width_multiplier=1.0, blocksparse_block_size=32),
+    "lfm2-vl": dict(text_config=dict(BASE, model_type="lfm2", **LFM2)),
+    "gemma3n": TEXT("gemma3n_text", num_kv_shared_layers=0, vocab_size_per_layer_input=100, rope_local_base_freq=10000.0,
+                    layer_types=SL, activation_sparsity_pattern=[0.0, 0.0], hidden_size_per_layer_input=16,
+                    altup_num_inputs=2, altup_coef_clip=120.0, altup_correct_scale=True, altup_active_idx=0, laurel_rank=16),
+    "muse_spark": TEXT("muse_spark", post_norm_eps=1e-5, rope_parameters=dict(rope_theta=10000.0),
+                       layer_rope_theta=[10000.0, 0], layer_types=SL, output_multiplier=1.0, moe_hidden_size=64),
     "gemma4_text": dict(G4), "gemma4": TEXT("gemma4_text", **G4),
     "prism_hadamard_qwen35": dict(**TEXT("qwen3_5", full_attention_interval=2, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32, linear_value_head_dim=32), tensor_namespace="mlx-vlm-qwen3_5",
                                   quantization=dict(bits=2, group_size=128, mode="affine"),
@@ -121,14 +130,39 @@ def families() -> list[str]:
     out = []
     for i in pkgutil.iter_modules(M.__path__):
         if i.name in HELPERS: continue
-        try: mod = importlib.import_module(f"mlx_lm.models.{i.name}")
-        except BaseException: out.append(i.name); continue  # e.g. olmo needs ai2-olmo: recorded as not built
+        try: mod = load(i.name)
+        except BaseException: out.append(i.name); continue  # a file that fails to import: recorded as not built
         if hasattr(mod, "Model") and hasattr(mod, "ModelArgs"): out.append(i.name)
     return sorted(out)
 
 
+def load(family):
+    """The model file's module. `olmo` exits the interpreter unless `hf_olmo` (the ai2-olmo package) imports, which the
+    file only probes for and never uses: a stub module stands in for it, so the survey needs no extra dependency."""
+    if family == "olmo": sys.modules.setdefault("hf_olmo", types.ModuleType("hf_olmo"))
+    return importlib.import_module(f"mlx_lm.models.{family}")
+
+
+def bitlinear_cpu(self, x, packed):
+    "BitLinear's Metal matmul in plain MLX (4 ternary weights per byte, row `j * out/4 + r` in bits 2j..2j+1 of row r)."
+    w = mx.concatenate([((packed >> (2 * j)) & 3).astype(x.dtype) - 1 for j in range(4)], 0)[:self.out_features]
+    s = 1 / self.weight_scale if self.invert_weight_scales else self.weight_scale
+    return (x @ w.T) * s.astype(x.dtype)
+
+
+def cpu_stand_ins(model):
+    """Plain-MLX stand-ins for the Metal-only kernels of some model files, so their tiny models run on a CPU (the
+    kernels compute the model's own layers; veloxquant's caches are untouched by them)."""
+    import mlx_lm.models.bitlinear_layers as bl
+    if mx.metal.is_available(): return
+    for _, m in model.named_modules():
+        if isinstance(m, bl.BitLinear):  # random ternary weights (zeros would read as all -1)
+            m.weight = mx.random.randint(0, 256, m.weight.shape).astype(mx.uint8)
+            m.execute_matmul_kernel = types.MethodType(bitlinear_cpu, m)
+
+
 def build(family, max_params=40_000_000):
-    mod = importlib.import_module(f"mlx_lm.models.{family}")
+    mod = load(family)
     d = dict(BASE, model_type=family, **EXTRA.get(family, {}), **OVERRIDES.get(family, {}))
     if dataclasses.is_dataclass(mod.ModelArgs):
         for f in dataclasses.fields(mod.ModelArgs):
@@ -138,6 +172,7 @@ def build(family, max_params=40_000_000):
     model = mod.Model(mod.ModelArgs.from_dict(d))
     n = sum(p.size for _, p in tree_flatten(model.parameters()))
     if n > max_params: raise MemoryError(f"{n} parameters with the tiny arguments")
+    cpu_stand_ins(model)
     mx.eval(model.parameters())
     own = make_prompt_cache(model)
     logits = model(mx.array([[1, 2, 3, 4, 5]]), cache=own)  # the model itself runs with its own caches (else: not built)
