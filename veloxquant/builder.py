@@ -72,7 +72,9 @@ def _probe(model):
     try: ours = _build(model, [KVCacheConfig("fp16", reference=True)] * len(model_layers(model)))
     except ValueError as e: return str(e)
     stock = _own_caches(model)
-    ref = [model(mx.array([t]), cache=stock) for t in _PROBE_TOKENS]; mx.eval(ref)
+    try: ref = [model(mx.array([t]), cache=stock) for t in _PROBE_TOKENS]; mx.eval(ref)
+    except Exception as e:  # the model cannot run even with its own caches here (a Metal-only kernel on a CPU, a broken file)
+        return str(refusal(model, f"a 4-token probe through the model's own caches fails ({type(e).__name__}: {str(e)[:200]})"))
     seen = set()
     try:
         with attention_hook(lambda c, *a: seen.add(id(c))):
@@ -94,7 +96,7 @@ def _probe(model):
 def check_model(model) -> None:
     """Raise the build-time refusal (`ValueError`, see `refusal`) unless veloxquant can serve `model`: its own
     `make_cache` builds only `KVCache`/`RotatingKVCache`/`ChunkedKVCache` layers, and a 4-token probe (3 prompt
-    tokens, one decode step) through veloxquant's exact fp16 reference caches runs, reaches every layer through the
+    tokens, one decode step) runs through the model's own caches and through veloxquant's exact fp16 reference caches, reaches every layer through the
     dispatcher and matches the model's own caches (largest logit difference at most 5 % of the largest logit).
     The verdict is kept on the model (`model._vq_verdict`), so the probe runs once per model object."""
     v = getattr(model, "_vq_verdict", None)
