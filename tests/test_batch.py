@@ -19,7 +19,7 @@ CROSS_LAYER = [m for m in vq.method_ids() if isinstance(vq.KVCacheConfig(m).make
 # refused when the batch cache is built: codecs that encode token groups, or keep per-sequence statistics
 GROUPED = {m for m in vq.method_ids() if getattr(vq.get_method(m).config_cls, "token_grouped", False) or keeps_sequence_state(m)}
 SPECS = [*(m for m in uncalibrated(vq.method_ids()) if m not in EVICTION and m not in CROSS_LAYER), "fp16:reference=True", "affine:key_bits=4,value_bits=4,window=8",
-         "turboquant:window=16"]
+         "turboquant:window=16", "vecinfer:iters=3"]  # a calibrated method: calibrated on the model in the test
 PROMPTS = [[(7 * i + 3 * j) % 128 for j in range(n)] for i, n in enumerate([37, 5, 70, 18])]
 
 
@@ -105,6 +105,18 @@ def test_batch_equals_one_by_one(sharp_model, spec, tmp_path):
         assert [c[0].offset for c in caches] == [len(p) + k for p, k in zip(PROMPTS, n)]  # the last token emitted was fed too
     if spec != "fp16":
         assert isinstance(merge_caches([c[0] for c in caches]), VQBatchCache)
+
+
+@pytest.mark.parametrize("spec", ["comm_vq:em=1,iters=3", "a2ats:top_k=16,iters=3"])
+def test_pre_rope_methods_refuse_batch(sharp_model, spec, tmp_path):
+    "Methods whose codes sit at positions counted from the sequence start (`PreRopeCache`) refuse batch generation."
+    from veloxquant.calibrate import calibrate
+    cfg = parse_method(spec)
+    path = calibrate(cfg, sharp_model, tokens=[(5 * i + 1) % 128 for i in range(256)], window=128, progress=False,
+                     out=tmp_path / "calibration.safetensors")
+    vq.compress(sharp_model, vq.KVCacheConfig.from_dict({**cfg.to_dict(), "path": str(path)}))
+    with pytest.raises(ValueError, match="overrides VQCache"):
+        batched(sharp_model, PROMPTS, [3, 3, 3, 3])
 
 
 @pytest.mark.parametrize("spec", EVICTION)

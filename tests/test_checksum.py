@@ -104,3 +104,28 @@ def test_every_method_seals_its_state(mid, tiny_model, tmp_path):
     mx.save_safetensors(str(bad), dict(arrays, **{key: flat.at[flat.size // 2].add(1).reshape(a.shape)}), meta)
     with pytest.raises(ValueError, match="checksum does not match"):
         load_prompt_cache(str(bad))
+
+
+@pytest.mark.parametrize("spec", ["vecinfer:iters=3", "comm_vq:em=1,iters=3", "a2ats:top_k=40,iters=3"])
+def test_calibrated_method_seals_its_state(spec, tiny_model, tmp_path):
+    "Calibrated methods (artifact made on the tiny model): a saved cache loads without warning; an edited code array is refused."
+    from veloxquant.core import parse_method
+    from veloxquant.calibrate import calibrate
+    cfg = parse_method(spec)
+    cal = calibrate(cfg, tiny_model, tokens=[(5 * i) % 120 + 3 for i in range(256)], window=128, out=tmp_path / "cal.safetensors",
+                    progress=False)
+    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig(cfg.method, **{**cfg.options.to_dict(), "path": str(cal)}))
+    mx.eval(tiny_model(mx.array([[i % 120 + 3 for i in range(200)]]), cache=caches))
+    for t in range(4): mx.eval(tiny_model(mx.array([[t + 5]]), cache=caches))
+    path = tmp_path / "c.safetensors"
+    save_prompt_cache(str(path), caches)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_prompt_cache(str(path))
+    arrays, meta = arrays_of(path)
+    for key in [k for k, v in arrays.items() if v.ndim >= 3 and "checksum" not in k and not mx.issubdtype(v.dtype, mx.floating)]:
+        a = arrays[key]; flat = a.reshape(-1)
+        bad = tmp_path / "bad.safetensors"
+        mx.save_safetensors(str(bad), dict(arrays, **{key: flat.at[flat.size // 2].add(1).reshape(a.shape)}), meta)
+        with pytest.raises(ValueError, match="checksum does not match"):
+            load_prompt_cache(str(bad))

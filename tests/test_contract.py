@@ -85,6 +85,43 @@ def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
     assert mx.array_equal(feed(tiny_model, caches, [1], (1,)), feed(tiny_model, loaded, [1], (1,))).item()
 
 
+CALIBRATED = ["vecinfer:key_bits=1,value_bits=2,window=7,iters=3", "vecinfer:key_bits=2,value_bits=1,window=0,iters=3",
+              "comm_vq:key_bits=1,value_bits=2,window=7,em=1,iters=3", "comm_vq:key_bits=2,value_bits=1,window=0,em=1,iters=3",
+              "a2ats:sel_bits=1,top_k=40,window=7,iters=3", "a2ats:sel_bits=2,key_bits=2,value_bits=2,top_k=40,window=16,iters=3"]
+
+
+def calibrated(model, spec, tmp_path):
+    "`spec`'s config bound to an artifact calibrated on `model` (256 token ids) in `tmp_path`."
+    from veloxquant.core import parse_method
+    from veloxquant.calibrate import calibrate
+    cfg = parse_method(spec)
+    path = calibrate(cfg, model, tokens=[(7 * i) % 120 + 3 for i in range(256)], window=128, out=tmp_path / "cal.safetensors",
+                     progress=False)
+    return vq.KVCacheConfig(cfg.method, **{**cfg.options.to_dict(), "path": str(path)})
+
+
+@pytest.mark.parametrize("spec", CALIBRATED)
+def test_calibrated_save_load_trim(tiny_model, tmp_path, spec):
+    "Calibrated methods: save/load round trip continues bit-exactly; trimming the last step then continuing equals a fresh run."
+    cfg = calibrated(tiny_model, spec, tmp_path)
+    caches = vq.KVCacheBuilder.for_model(tiny_model, cfg)
+    feed(tiny_model, caches, [i % 120 + 3 for i in range(300)], (290, 1, 1, 8))
+    f = str(tmp_path / "c.safetensors")
+    save_prompt_cache(f, caches, {"note": "x"})
+    loaded, meta = load_prompt_cache(f, return_metadata=True)
+    assert meta == {"note": "x"} and [type(c) for c in loaded] == [type(c) for c in caches]
+    assert [c.offset for c in loaded] == [c.offset for c in caches] == [300, 300]
+    assert mx.array_equal(feed(tiny_model, caches, [7, 8, 9], (3,)), feed(tiny_model, loaded, [7, 8, 9], (3,))).item()
+    toks = list(range(10, 70))
+    a = vq.KVCacheBuilder.for_model(tiny_model, cfg)
+    feed(tiny_model, a, toks, (40, 5)); assert all(c.is_trimmable() for c in a)
+    assert [c.trim(5) for c in a] == [5, 5] and a[0].offset == 40
+    out_a = feed(tiny_model, a, toks[40:], (3, 1, 16))
+    b = vq.KVCacheBuilder.for_model(tiny_model, cfg)
+    feed(tiny_model, b, toks, (40,))
+    assert mx.array_equal(out_a, feed(tiny_model, b, toks[40:], (3, 1, 16))).item()
+
+
 def test_corrupt_state_refused(tiny_model):
     caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("affine"))
     feed(tiny_model, caches, list(range(20)), (20,))
