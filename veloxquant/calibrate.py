@@ -188,7 +188,7 @@ def calibrate(method, model=None, tokens: int | list = 4096, window: int = 1024,
         mx.eval(model(mx.array(chunk)[None], cache=recs))
         fish = fisher_pass(model, chunk, recs) if any(c in FISHER for c in cal.collect) else [{}] * n_layers
         for r, d, f in zip(recs, seen, fish):
-            for c in cal.collect: d[c] += f[c] if c in FISHER else r.seen[c]
+            for c in cal.collect: d[c] += [f[c]] if c in FISHER else r.seen[c]
         bar.update(len(chunk))
     bar.close()
     samples = [{c: np.concatenate(v, axis=1) for c, v in d.items()} for d in seen]
