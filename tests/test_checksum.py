@@ -91,3 +91,26 @@ def test_every_method_seals_its_state(mid, tiny_model, tmp_path):
     mx.save_safetensors(str(bad), dict(arrays, **{key: flat.at[flat.size // 2].add(1).reshape(a.shape)}), meta)
     with pytest.raises(ValueError, match="checksum does not match"):
         load_prompt_cache(str(bad))
+
+
+@pytest.mark.parametrize("mid", ["kvquant", "skvq"])
+def test_calibrated_method_seals_its_state(mid, tiny_model, tmp_path):
+    "Calibrated methods (skipped above without an artifact): calibrated on the tiny model, then the same checks."
+    from veloxquant.calibrate import calibrate
+    art = calibrate(vq.KVCacheConfig(mid), tiny_model, tokens=[i % 120 + 3 for i in range(192)], window=96,
+                    out=tmp_path / "a.safetensors", progress=False)
+    caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig(mid, path=str(art)))
+    mx.eval(tiny_model(mx.array([[i % 120 + 3 for i in range(200)]]), cache=caches))
+    for t in range(4): mx.eval(tiny_model(mx.array([[t + 5]]), cache=caches))
+    path = tmp_path / "c.safetensors"
+    save_prompt_cache(str(path), caches)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_prompt_cache(str(path))
+    arrays, meta = arrays_of(path)
+    key = max((k for k, v in arrays.items() if v.ndim >= 3 and "checksum" not in k), key=lambda k: arrays[k].size)
+    a = arrays[key]; flat = a.reshape(-1)
+    bad = tmp_path / "bad.safetensors"
+    mx.save_safetensors(str(bad), dict(arrays, **{key: flat.at[flat.size // 2].add(1).reshape(a.shape)}), meta)
+    with pytest.raises(ValueError, match="checksum does not match"):
+        load_prompt_cache(str(bad))

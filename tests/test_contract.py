@@ -65,7 +65,8 @@ def test_fp16_bit_identical_tiny(tiny_model):
                                   "minicache:window=7,start=0.0", "minicache:window=0,start=0.0,gamma=0.5",
                                   "cachegen:window=8", "cachegen:window=0,chunk=4,early_bits=8",
                                   "xkv:layers=2,key_rank=16,value_rank=24",
-                                  "snapkv:budget=0.3,quantizer=turboquant:key_bits=3+value_bits=3", "adakv:budget=0.25,window=8"])
+                                  "snapkv:budget=0.3,quantizer=turboquant:key_bits=3+value_bits=3", "adakv:budget=0.25,window=8",
+                                  "zipcache:group_size=32,window=32", "zipcache:group_size=64,window=64,salient=0.5,sinks=2"])
 def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec)
@@ -79,6 +80,26 @@ def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
     nxt = [7, 8, 9]
     assert mx.array_equal(feed(tiny_model, caches, nxt, (3,)), feed(tiny_model, loaded, nxt, (3,))).item()
     assert mx.array_equal(feed(tiny_model, caches, [1], (1,)), feed(tiny_model, loaded, [1], (1,))).item()
+
+
+@pytest.mark.parametrize("spec", ["kvquant", "kvquant:key_bits=2,value_bits=2,window=8,key_outliers=0", "skvq",
+                                  "skvq:key_bits=4,value_bits=3,window=0,sinks=0,reorder=false"])
+def test_save_load_roundtrip_calibrated(tiny_model, tmp_path, spec):
+    "Calibrated methods: calibrated on the tiny model first, then the round trip of `test_save_load_roundtrip_bit_exact`."
+    from veloxquant.core import parse_method, KVCacheConfig
+    from veloxquant.calibrate import calibrate
+    cfg = parse_method(spec)
+    art = calibrate(cfg, tiny_model, tokens=[i % 120 + 3 for i in range(192)], window=96, out=tmp_path / "a.safetensors", progress=False)
+    cfg = KVCacheConfig.from_dict({**cfg.to_dict(), "path": str(art)})
+    caches = vq.KVCacheBuilder.for_model(tiny_model, cfg)
+    feed(tiny_model, caches, [i % 120 + 3 for i in range(300)], (290, 1, 1, 8))
+    assert caches[0].k_store.length > 0
+    f = str(tmp_path / "c.safetensors")
+    save_prompt_cache(f, caches)
+    loaded = load_prompt_cache(f)
+    assert [type(c) for c in loaded] == [type(c) for c in caches] and [c.offset for c in loaded] == [300, 300]
+    nxt = [7, 8, 9]
+    assert mx.array_equal(feed(tiny_model, caches, nxt, (3,)), feed(tiny_model, loaded, nxt, (3,))).item()
 
 
 def test_corrupt_state_refused(tiny_model):
