@@ -155,6 +155,9 @@ class ZipCacheCache(VQCache):
         super()._encode_append(k, v)
         self.sal_sum, self.sal_cnt = self.sal_sum[:, :, T:], self.sal_cnt[:, :, T:]
     def is_trimmable(self): return False
+    def sliding_layer_cache(self):
+        "A sliding layer (`veloxquant.sliding`, its tokens held in fp16 there): a plain `VQCache`, no statistics asked."
+        return VQCache(self.config, self._make_codecs, window=self.window, sinks=self.sinks)
     def trim(self, n):
         out = super().trim(n); self._align(); return out
     @property
