@@ -76,8 +76,8 @@ def method_configs(model=None):
             try:
                 opts["path"] = str(calibrate(vq.KVCacheConfig(mid, **opts), model, tokens=list(range(1, 97)), window=48,
                                              out=out, progress=False))
-            except ValueError as e:  # a model with layers whose RoPE cannot be undone (e.g. llama4's NoPE layers): refused
-                if mid in PRE_ROPE_POSITIONS and "RoPE" in str(e): continue
+            except ValueError as e:  # methods that undo RoPE refuse a model whose RoPE they cannot undo (e.g. llama4's NoPE layers)
+                if (mid in PRE_ROPE_POSITIONS and "RoPE" in str(e)) or "methods that undo RoPE cannot serve it" in str(e): continue
                 raise
         yield vq.KVCacheConfig(mid, **opts)
 

@@ -106,7 +106,7 @@ def test_every_method_seals_its_state(mid, tiny_model, tmp_path):
         load_prompt_cache(str(bad))
 
 
-@pytest.mark.parametrize("spec", ["vecinfer:iters=3", "comm_vq:em=1,iters=3", "a2ats:top_k=40,iters=3"])
+@pytest.mark.parametrize("spec", ["vecinfer:iters=3", "comm_vq:em=1,iters=3", "a2ats:top_k=40,iters=3", "kvquant", "skvq"])
 def test_calibrated_method_seals_its_state(spec, tiny_model, tmp_path):
     "Calibrated methods (artifact made on the tiny model): a saved cache loads without warning; an edited code array is refused."
     from veloxquant.core import parse_method
@@ -123,7 +123,9 @@ def test_calibrated_method_seals_its_state(spec, tiny_model, tmp_path):
         warnings.simplefilter("error")
         load_prompt_cache(str(path))
     arrays, meta = arrays_of(path)
-    for key in [k for k, v in arrays.items() if v.ndim >= 3 and "checksum" not in k and not mx.issubdtype(v.dtype, mx.floating)]:
+    keys = [k for k, v in arrays.items() if v.ndim >= 3 and "checksum" not in k and not mx.issubdtype(v.dtype, mx.floating)]
+    keys = keys or [max((k for k, v in arrays.items() if v.ndim >= 3 and "checksum" not in k), key=lambda k: arrays[k].size)]
+    for key in keys:
         a = arrays[key]; flat = a.reshape(-1)
         bad = tmp_path / "bad.safetensors"
         mx.save_safetensors(str(bad), dict(arrays, **{key: flat.at[flat.size // 2].add(1).reshape(a.shape)}), meta)

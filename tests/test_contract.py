@@ -69,7 +69,8 @@ def test_fp16_bit_identical_tiny(tiny_model):
                                   "snapkv:budget=0.3,quantizer=turboquant:key_bits=3+value_bits=3", "adakv:budget=0.25,window=8",
                                   "morphkv:budget=0.4,window=8", "morphkv:capacity=40,window=4,fusion=max",
                                   "morphkv:budget=0.4,window=8,quantizer=turboquant:key_bits=3+value_bits=3",
-                                  "nestedkv:budget=0.3,window=8,block=16", "nestedkv:budget=0.3,heads=adaptive"])
+                                  "nestedkv:budget=0.3,window=8,block=16", "nestedkv:budget=0.3,heads=adaptive",
+                                  "zipcache:group_size=32,window=32", "zipcache:group_size=64,window=64,salient=0.5,sinks=2"])
 def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec)
@@ -87,7 +88,9 @@ def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
 
 CALIBRATED = ["vecinfer:key_bits=1,value_bits=2,window=7,iters=3", "vecinfer:key_bits=2,value_bits=1,window=0,iters=3",
               "comm_vq:key_bits=1,value_bits=2,window=7,em=1,iters=3", "comm_vq:key_bits=2,value_bits=1,window=0,em=1,iters=3",
-              "a2ats:sel_bits=1,top_k=40,window=7,iters=3", "a2ats:sel_bits=2,key_bits=2,value_bits=2,top_k=40,window=16,iters=3"]
+              "a2ats:sel_bits=1,top_k=40,window=7,iters=3", "a2ats:sel_bits=2,key_bits=2,value_bits=2,top_k=40,window=16,iters=3",
+              "kvquant", "kvquant:key_bits=2,value_bits=2,window=8,key_outliers=0", "skvq",
+              "skvq:key_bits=4,value_bits=3,window=0,sinks=0,reorder=false"]
 
 
 def calibrated(model, spec, tmp_path):

@@ -9,7 +9,8 @@ from typing import Callable
 import numpy as np
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, create_attention_mask
+import mlx.nn as nn
 from .core import KVCacheConfig, get_method, check_int, parse_method
 from .quant import save_artifact, load_artifact
 import veloxquant.models as models
@@ -17,13 +18,15 @@ import veloxquant.rope as rope
 from .attention import install
 
 # %% auto #0
-__all__ = ['CALIB_FORMAT', 'COLLECT', 'Calibration', 'register_calibration', 'calibration_of', 'layer_key', 'settings_of',
-           'model_fingerprint', 'calibration_tokens', 'RecordingMixin', 'recorders', 'artifact_path', 'calibrate',
-           'load_calibration', 'layer_configs', 'layer_tensors']
+__all__ = ['CALIB_FORMAT', 'COLLECT', 'FISHER', 'Calibration', 'register_calibration', 'calibration_of', 'layer_key',
+           'settings_of', 'model_fingerprint', 'calibration_tokens', 'RecordingMixin', 'recorders', 'fisher_pass',
+           'artifact_path', 'calibrate', 'load_calibration', 'layer_configs', 'layer_tensors']
 
 # %% ../nbs/06b_calibrate.ipynb #0c2672ff
 CALIB_FORMAT = "veloxquant-calibration-v1"
-COLLECT = ("keys", "values", "queries", "pre_rope_keys")  # pre_rope_keys: keys with the layer's RoPE undone (`veloxquant.rope`)
+COLLECT = ("keys", "values", "queries", "pre_rope_keys",  # pre_rope_keys: keys with the layer's RoPE undone (`veloxquant.rope`)
+           "key_fisher", "pre_rope_key_fisher", "value_fisher")  # squared gradients of the loss (`fisher_pass`)
+FISHER = ("key_fisher", "pre_rope_key_fisher", "value_fisher")
 
 @dataclass(frozen=True)
 class Calibration:
@@ -38,7 +41,7 @@ _CALIBRATIONS: dict[str, Calibration] = {}
 def register_calibration(method: str, fn: Callable, fields=(), collect=("keys",)) -> Calibration:
     """Register the calibration of `method` (called by the method's module at import). `fn(samples, options)`:
     `samples` a list (one per attention layer) of dicts holding the `collect`ed activations as float32 numpy
-    (`keys`/`values` [n_kv_heads, N, head_dim], `queries` [n_heads, N, head_dim]); `options` the method's config
+    (`keys`/`values`/`pre_rope_keys` and their `*_fisher` [n_kv_heads, N, head_dim], `queries` [n_heads, N, head_dim]); `options` the method's config
     dataclass; returns `dict[str, np.ndarray]` (per-layer tensors named with `layer_key`). `fields`: the config
     fields the artifact depends on. `ValueError` for an unknown entry of `collect`."""
     bad = [c for c in collect if c not in COLLECT]
@@ -103,13 +106,48 @@ def recorders(model, collect=("keys",)) -> list:
     layers = model.layers if hasattr(model, "layers") else model.model.layers
     caches = own() if own is not None else [KVCache() for _ in layers]
     # pre-RoPE keys need each layer's own RoPE (`ValueError` from `rope.layer_rope` when it cannot be described)
-    specs = [rope.layer_rope(l) for l in layers] if "pre_rope_keys" in collect else [None] * len(caches)
+    specs = [rope.layer_rope(l) for l in layers] if {"pre_rope_keys", "pre_rope_key_fisher"} & set(collect) else [None] * len(caches)
     for c, spec in zip(caches, specs):
         t = type(c)
         if t not in _RECORDING: _RECORDING[t] = type(f"Recording{t.__name__}", (RecordingMixin, t), {})
         c.__class__ = _RECORDING[t]
         c._start_recording(collect, spec)
     return caches
+
+# %% ../nbs/06b_calibrate.ipynb #ce20ad0e
+class _GradCache:
+    "One window's stand-in cache for the Fisher pass: the new keys/values plus the differentiated perturbations `dk`, `dv`."
+    def __init__(self, dk, dv, window_size=None): self.offset, self.dk, self.dv, self.window_size = 0, dk, dv, window_size
+    def update_and_fetch(self, keys, values):
+        self.offset += keys.shape[2]
+        return keys + self.dk.astype(keys.dtype), values + self.dv.astype(values.dtype)
+    def make_mask(self, N, return_array=False, window_size=None):
+        return create_attention_mask(N, offset=0, return_array=return_array, window_size=window_size or self.window_size)
+
+def fisher_pass(model, ids, recs) -> list[dict]:
+    """Squared gradients of the summed next-token cross-entropy of the token window `ids` (a list of ints) with respect
+    to every layer's keys and values (KVQuant's diagonal Fisher information, arXiv 2401.18079 §3.3): one dict per layer
+    with `key_fisher`, `value_fisher` and, when the recorders `recs` of the same window carry a RoPE spec,
+    `pre_rope_key_fisher`, each float32 numpy [n_kv_heads, len(ids), head_dim]. `recs`: the window's recorders
+    (`recorders`, after the forward pass: their stored keys give the shapes)."""
+    x = mx.array(list(ids))[None]; T = x.shape[1]
+    shapes = [(r.keys.shape[1], r.keys.shape[-1], r.values.shape[-1]) for r in recs]
+    wins = [getattr(r, "max_size", None) if type(r).__name__.startswith("RecordingRotating") else None for r in recs]
+    def loss(ds):
+        logits = model(x, cache=[_GradCache(dk, dv, w) for (dk, dv), w in zip(ds, wins)])
+        return nn.losses.cross_entropy(logits[:, :-1].astype(mx.float32), x[:, 1:], reduction="sum")
+    ds = [(mx.zeros((1, h, T, dk)), mx.zeros((1, h, T, dv))) for h, dk, dv in shapes]
+    _, grads = mx.value_and_grad(loss)(ds)
+    out = []
+    for (gk, gv), r in zip(grads, recs):
+        d = {"key_fisher": np.array((gk * gk)[0]), "value_fisher": np.array((gv * gv)[0])}
+        spec = getattr(r, "_rope_spec", None)
+        if spec is not None:
+            g = rope.invert_rope(spec, gk, 0)
+            if spec.input_scale != 1.0: g = g.at[..., :spec.dims].multiply(spec.input_scale ** 2)
+            d["pre_rope_key_fisher"] = np.array((g * g)[0])
+        out.append(d)
+    return out
 
 # %% ../nbs/06b_calibrate.ipynb #1c1fffae
 def artifact_path(method: str, options, fingerprint: str, root=None) -> Path:
@@ -148,8 +186,9 @@ def calibrate(method, model=None, tokens: int | list = 4096, window: int = 1024,
         recs = recorders(model, cal.collect)                         # each window from empty caches
         chunk = ids[s:s + window]
         mx.eval(model(mx.array(chunk)[None], cache=recs))
-        for r, d in zip(recs, seen):
-            for c in cal.collect: d[c] += r.seen[c]
+        fish = fisher_pass(model, chunk, recs) if any(c in FISHER for c in cal.collect) else [{}] * n_layers
+        for r, d, f in zip(recs, seen, fish):
+            for c in cal.collect: d[c] += [f[c]] if c in FISHER else r.seen[c]
         bar.update(len(chunk))
     bar.close()
     samples = [{c: np.concatenate(v, axis=1) for c, v in d.items()} for d in seen]
