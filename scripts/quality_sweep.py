@@ -39,13 +39,16 @@ def write(rec):
 only = [m for m in a.only.split(",") if m]
 cfgs = (standard_configs(only or None) if a.standard else []) + [vq.parse_method(s) for s in a.specs.split(";") if s.strip()]
 calibrated = set()
-for cfg in cfgs:
-    if cfg.method in calibrated or calibrate.calibration_of(cfg.method) is None: continue
+def ensure_calibrated(cfg):  # one artifact per method and the settings it is keyed by, made just before its first run
+    if calibrate.calibration_of(cfg.method) is None: return
+    key = (cfg.method, json.dumps(calibrate.settings_of(cfg.method, cfg.options), sort_keys=True, default=str))
+    if key in calibrated: return
+    calibrated.add(key)
     try:
         t0 = time.perf_counter(); path = calibrate.calibrate(cfg, model, tokens=a.calib_tokens, progress=False, tokenizer=tok)
-        write(dict(method=cfg.method, label=f"calibrate {cfg.method}", calibration_s=time.perf_counter() - t0, artifact=str(path)))
-    except Exception as e: write(dict(method=cfg.method, label=f"calibrate {cfg.method}", error=f"{type(e).__name__}: {e}"))
-    calibrated.add(cfg.method)
+        write(dict(method=cfg.method, label=f"calibrate {config_label(cfg)}", calibration_s=time.perf_counter() - t0, artifact=str(path),
+                   artifact_bytes=path.stat().st_size))
+    except Exception as e: write(dict(method=cfg.method, label=f"calibrate {config_label(cfg)}", error=f"{type(e).__name__}: {e}"))
 
 tokens = with_bos(tok, eval_tokens(tok, a.context))
 ref = fp16_reference(model, tokens, a.n_scored, chunk=a.chunk)
@@ -55,6 +58,7 @@ write(dict(method="fp16", label="fp16", context=a.context, n_scored=a.n_scored, 
 for cfg in cfgs:
     if cfg.method == "fp16": continue
     try:
+        ensure_calibrated(cfg)
         run = decode_run(model, cfg, tokens, a.n_scored, chunk=a.chunk, tokenizer=tok)
         q, rep = compare_to_reference(ref, run), run["report"]
         write(dict(method=cfg.method, label=config_label(cfg), config=cfg.to_dict(), context=a.context, n_scored=a.n_scored,
@@ -68,6 +72,7 @@ if a.niah:
     for s in [s for s in a.niah_specs.split(";") if s.strip()]:
         cfg = vq.parse_method(s)
         try:
+            ensure_calibrated(cfg)
             rows = niah(model, tok, cfg, [int(x) for x in a.niah.split(",")], [float(x) for x in a.niah_depths.split(",")])
             write(dict(method=cfg.method, label=config_label(cfg), config=cfg.to_dict(), niah=rows,
                        niah_accuracy=float(np.mean([r["correct"] for r in rows]))))
