@@ -14,8 +14,8 @@ import veloxquant.models as models
 
 # %% auto #0
 __all__ = ['KVPRESS_OPTIONS', 'check_budget', 'quantizer_config', 'EvictConfig', 'Observation', 'Scorer', 'group_sum',
-           'keep_topk', 'layer_budgets', 'head_adaptive', 'EvictCache', 'eviction_factory', 'eviction_methods',
-           'run_layer', 'dump_kept', 'kvpress_options', 'kept_indices']
+           'keep_topk', 'keep_chunks', 'layer_budgets', 'head_adaptive', 'EvictCache', 'eviction_factory',
+           'eviction_methods', 'run_layer', 'dump_kept', 'kvpress_options', 'kept_indices']
 
 # %% ../nbs/06_evict.ipynb #2b0f66d1
 def check_budget(budget, capacity) -> None:
@@ -69,14 +69,15 @@ class EvictConfig(MethodConfig):
 class Observation:
     """What a scorer sees for `S` tokens (held ones, then new ones): `queries` [B, Hq, n, D] real query rows (or None),
     `weights` [B, Hkv, rep, n, S] float32 softmax weights of those rows (or None), `positions` int32 [B, Hkv, S],
-    `offset` (logical length), and `keys()` / `values()`: the S keys/values [B, Hkv, S, D] float32 (decoded from the
-    stored codes on demand: only scorers that read them pay for it)."""
+    `offset` (logical length), `step` (single-token steps so far: 0 during the prompt), and `keys()` / `values()`: the S
+    keys/values [B, Hkv, S, D] float32 (decoded from the stored codes on demand: only scorers that read them pay for it)."""
     queries: object
     weights: object
     positions: mx.array
     offset: int
     _keys: object = None
     _values: object = None
+    step: int = 0
     def keys(self) -> mx.array: return self._keys() if callable(self._keys) else self._keys
     def values(self) -> mx.array: return self._values() if callable(self._values) else self._values
 
@@ -87,11 +88,15 @@ class Scorer:
     scorers, which score new tokens from their keys when they arrive); `mode` how scores of successive observations
     combine: `"sum"` (accumulated, H2O), `"last"` (the latest replaces, TOVA), `"prompt"` (scored once from the
     prompt's observation window when the prompt ends, SnapKV); `"arrival"` (query-free, scored once on arrival).
-    `protect(target) -> (recent, sinks)`: the newest `recent` and the first `sinks` tokens are never evicted."""
+    `protect(target) -> (recent, sinks)`: the newest `recent` and the first `sinks` tokens are never evicted.
+    `select(scores, k) -> int32 [B, Hkv, K]`: the selection rule when many tokens are evicted at once (the prompt's end):
+    `keep_topk` by default, `keep_chunks` for chunk selection (ChunkKV). A `"prompt"` scorer with `stats = None` is
+    query-free: it scores the whole prompt from its keys/values when the prompt ends (`Observation.weights` is None)."""
     stats = None
     mode = "arrival"
     def score(self, obs: Observation) -> mx.array: raise NotImplementedError
     def protect(self, target: int) -> tuple[int, int]: return 0, 0
+    def select(self, scores: mx.array, k: int) -> mx.array: return keep_topk(scores, k)
 
 def group_sum(weights: mx.array) -> mx.array:
     "Attention weights [B, Hkv, rep, n, S] summed over the query rows and the rep query heads of each KV head: [B, Hkv, S]."
@@ -104,6 +109,33 @@ def keep_topk(scores: mx.array, k: int) -> mx.array:
     if k >= N: return mx.broadcast_to(mx.arange(N, dtype=mx.int32), scores.shape)
     order = mx.argsort(-scores, axis=-1)  # MLX's sort is stable: equal scores keep index order
     return mx.sort(order[..., :k].astype(mx.int32), axis=-1)
+
+def keep_chunks(scores: mx.array, k: int, chunk: int) -> mx.array:
+    """Chunk selection (ChunkKV, Liu et al. 2025, arXiv 2502.00299 §3.1, Alg. 1): the `N` tokens are cut into chunks of
+    `chunk` consecutive positions from 0 (the last one may be shorter); a chunk's score is the mean over its tokens of
+    the scores summed over the KV heads; the `max(1, ⌊n_chunks·k/N⌋)` best chunks are kept whole, the same for every
+    head. Chunks are ranked by the fraction of their tokens that are protected (+inf in every head: the observation
+    window), then by the mean of their other tokens' scores (ties: the lower chunk), so the window is kept first.
+    Fewer than `chunk` tokens: `keep_topk`. scores [B, H, N] → int32 [B, H, K]."""
+    B, H, N = scores.shape
+    if k >= N or N < chunk: return keep_topk(scores, k)
+    prot = (scores == mx.inf).all(axis=1)                                                        # [B, N]
+    s = mx.where(prot, 0.0, mx.where(mx.isfinite(scores), scores, 0.0).sum(axis=1))
+    nc = -(-N // chunk); pad = nc * chunk - N
+    per = lambda x: mx.concatenate([x, mx.zeros((B, pad), x.dtype)], -1).reshape(B, nc, chunk).sum(-1)
+    n_prot, total = per(prot.astype(mx.float32)), per(s)
+    sizes = mx.array([chunk] * (nc - 1) + [chunk - pad], dtype=mx.float32)
+    mean = total / mx.maximum(sizes - n_prot, 1)
+    o1 = mx.argsort(-mean, axis=-1)                                                              # stable sorts: a lexicographic order
+    o2 = mx.argsort(-mx.take_along_axis(n_prot / sizes, o1, -1), axis=-1)
+    kc = max(1, (nc * k) // N)
+    best = mx.take_along_axis(o1, o2, -1)[:, :kc]                                                # [B, kc] chunk ids
+    kept = (mx.arange(N)[None, :, None] // chunk == best[:, None, :]).any(-1)                    # [B, N]
+    counts = set(kept.sum(-1).tolist())
+    if len(counts) != 1: raise ValueError("keep_chunks: batch rows keep different token counts (one kept the short last chunk)")
+    t = mx.arange(N, dtype=mx.int32)
+    idx = mx.sort(mx.where(kept, t, N + t), axis=-1)[:, :counts.pop()]
+    return mx.broadcast_to(idx[:, None], (B, H, idx.shape[-1]))
 
 def layer_budgets(policy: str, mean: float, n_layers: int, beta: float = 20.0) -> list[float]:
     """Per-layer multipliers of the average budget, mean 1 over the `n_layers` layers: `"uniform"` all 1; `"pyramid"`
@@ -266,9 +298,9 @@ class EvictCache(VQCache):
         "The prompt has ended: score it (prompt scorers: from the observation window) and keep `target` tokens per head."
         self.segment = False
         if self.n == 0: return
-        if self.scorer.mode == "prompt" and self.obs_w is not None:
+        if self.scorer.mode == "prompt" and (self.obs_w is not None or self.scorer.stats is None):
             w = self.obs_w
-            if w.shape[-1] < self.n: w = mx.concatenate([w, mx.zeros((*w.shape[:-1], self.n - w.shape[-1]), w.dtype)], -1)
+            if w is not None and w.shape[-1] < self.n: w = mx.concatenate([w, mx.zeros((*w.shape[:-1], self.n - w.shape[-1]), w.dtype)], -1)
             obs = Observation(self.obs_q, w, self.pos[:, :, :self.n], self.offset,
                               lambda: self._decoded(self.k_codec, self.k_held), lambda: self._decoded(self.v_codec, self.v_held))
             self.score[:, :, :self.n] = self.scorer.score(obs).astype(mx.float32)
@@ -297,7 +329,7 @@ class EvictCache(VQCache):
             valid = idx < n; idx = mx.where(valid, idx, idx - n)
             self.padded = not bool(valid.all().item())
         else:
-            idx, valid, K = keep_topk(eff, tgt), None, tgt
+            idx, valid = self.scorer.select(eff, tgt), None; K = idx.shape[-1]
         self.k_held = {k: _gather(a[:, :, :n], idx) for k, a in self.k_held.items()}
         self.v_held = {k: _gather(a[:, :, :n], idx) for k, a in self.v_held.items()}
         self.pos, self.score = _gather(self.pos[:, :, :n], idx), _gather(self.score[:, :, :n], idx)
@@ -371,7 +403,7 @@ class EvictCache(VQCache):
         B, H = w.shape[:2]
         pos = self._positions(self.pending_pos, st.L, B, H)
         if n: pos = mx.concatenate([self.pos[:, :, :n], pos], axis=2)
-        obs = Observation(st.queries, w, pos, self.offset)
+        obs = Observation(st.queries, w, pos, self.offset, step=self.decode_step)
         s = self.scorer.score(obs).astype(mx.float32)
         if self.scorer.mode == "sum":
             if n: self.score[:, :, :n] = self.score[:, :, :n] + s[..., :n]
@@ -506,6 +538,7 @@ KVPRESS_OPTIONS = {  # kvpress press parameter -> (veloxquant method, option); p
     "tova": {}, "knorm": {}, "h2o": {},
     "pyramidkv": {"window_size": "window", "kernel_size": "kernel", "beta": "beta"},
     "adakv": {"window_size": "window", "kernel_size": "kernel", "alpha_safeguard": "floor"},
+    "chunkkv": {"window_size": "window", "kernel_size": "kernel", "chunk_length": "chunk"},
 }
 _IGNORED = {"class", "compression_ratio"}
 
