@@ -539,7 +539,13 @@ KVPRESS_OPTIONS = {  # kvpress press parameter -> (veloxquant method, option); p
     "pyramidkv": {"window_size": "window", "kernel_size": "kernel", "beta": "beta"},
     "adakv": {"window_size": "window", "kernel_size": "kernel", "alpha_safeguard": "floor"},
     "chunkkv": {"window_size": "window", "kernel_size": "kernel", "chunk_length": "chunk"},
+    "curdkv": {"num_sinks": "sinks", "leverage_type": "kind", "local_window_size": lambda v, p: {},   # a callable: (value, params) -> options
+               "use_local_approximation": lambda v, p: {"leverage": "norm", "local_window": p.get("local_window_size", 16) if v else 0},
+               "use_random_leverage": lambda v, p: {} if not v else _no_counterpart("curdkv", "use_random_leverage", v)},
 }
+
+def _no_counterpart(method_id, k, v):
+    raise ValueError(f"kvpress parameter {k}={v!r} of {method_id!r} has no veloxquant option")
 _IGNORED = {"class", "compression_ratio"}
 
 def kvpress_options(method_id: str, params: dict | None) -> dict:
@@ -552,8 +558,9 @@ def kvpress_options(method_id: str, params: dict | None) -> dict:
         if k in _IGNORED: continue
         if isinstance(v, dict): opts.update(kvpress_options(method_id, v)); continue  # nested press parameters
         name = KVPRESS_OPTIONS[method_id].get(k)
-        if name is None: raise ValueError(f"kvpress parameter {k}={v!r} of {method_id!r} has no veloxquant option")
-        opts[name] = v
+        if name is None: _no_counterpart(method_id, k, v)
+        if callable(name): opts.update(name(v, params))
+        else: opts[name] = v
     return opts
 
 def kept_indices(method_id: str, token_ids: list, ratio: float, params: dict | None = None, model=None) -> dict:
