@@ -13,9 +13,10 @@ import veloxquant.attention as attention
 import veloxquant.models as models
 
 # %% auto #0
-__all__ = ['KVPRESS_OPTIONS', 'check_budget', 'quantizer_config', 'EvictConfig', 'Observation', 'Scorer', 'group_sum',
-           'keep_topk', 'keep_chunks', 'layer_budgets', 'head_adaptive', 'EvictCache', 'eviction_factory',
-           'eviction_methods', 'run_layer', 'dump_kept', 'kvpress_options', 'kept_indices']
+__all__ = ['KVPRESS_OPTIONS', 'DECODE_SCHEDULE', 'check_budget', 'quantizer_config', 'EvictConfig', 'Observation', 'Scorer',
+           'group_sum', 'keep_topk', 'keep_chunks', 'layer_budgets', 'head_adaptive', 'hash_uniform', 'cam_merge',
+           'EvictCache', 'eviction_factory', 'eviction_methods', 'run_layer', 'dump_kept', 'kvpress_options',
+           'kept_indices']
 
 # %% ../nbs/06_evict.ipynb #2b0f66d1
 def check_budget(budget, capacity) -> None:
@@ -163,6 +164,31 @@ def head_adaptive(scores: mx.array, k: int, floor: float = 0.2) -> mx.array:
     chosen = mx.put_along_axis(chosen, idx, mx.array(True), axis=-1)
     return base | chosen.reshape(B, H, N)
 
+def hash_uniform(seed: int, a: mx.array, b: mx.array, c: mx.array) -> mx.array:
+    """Deterministic uniform draws in (0, 1), float32, broadcast over the int arrays `a`, `b`, `c` (e.g. head, position,
+    step): a 32-bit multiply-xor hash of (seed, a, b, c) with murmur3's finaliser, top 23 bits (exact in float32).
+    The same inputs give the same draws in any chunking, after save/load, and in a NumPy re-implementation."""
+    h = (a.astype(mx.uint32) * 0x9E3779B1) ^ (b.astype(mx.uint32) * 0x85EBCA77) ^ (c.astype(mx.uint32) * 0xC2B2AE3D) ^ (seed & 0xFFFFFFFF)
+    h = h ^ (h >> 16); h = h * 0x85EBCA6B; h = h ^ (h >> 13); h = h * 0xC2B2AE35; h = h ^ (h >> 16)
+    return ((h >> 9).astype(mx.float32) + 0.5) / 8388608.0
+
+def cam_merge(v: mx.array, pos: mx.array, acc: mx.array, victim: mx.array, m: int, u: mx.array):
+    """Merging of evicted values (CaM, Zhang et al., ICML 2024, §3): every evicted token e (`victim`, bool [B, H, S])
+    adds v_e / m_e to the values of its merge targets — the m_e ≤ `m` kept tokens that follow it in position — with
+    probability p_e = clamp(Ā_e / mean of Ā over its targets, 0, 1): one Bernoulli draw per evicted token and KV head
+    (`u < p_e`, u uniform [B, H, S]). v [B, H, S, D] float32, pos int32 [B, H, S] (-1: padding, never a target), acc
+    float32 [B, H, S] (Ā, the attention each token received). Simultaneous for several victims (each merges its own
+    value). Returns (values [B, H, S, D] with the targets updated, touched: bool [B, H, S])."""
+    kept = (~victim) & (pos >= 0)
+    c = ((pos[..., None, :] < pos[..., :, None]) & kept[..., None, :]).sum(-1)          # kept tokens before each token
+    M = victim[..., :, None] & kept[..., None, :] & (pos[..., None, :] > pos[..., :, None]) & (c[..., None, :] < c[..., :, None] + m)
+    Mf = M.astype(mx.float32); me = Mf.sum(-1)
+    mean_t = (Mf * acc[..., None, :]).sum(-1) / mx.maximum(me, 1)
+    p = mx.where(mean_t > 0, mx.clip(acc / mx.where(mean_t > 0, mean_t, 1), 0, 1), (acc > 0).astype(mx.float32))
+    w = mx.where(victim & (me > 0) & (u < p), 1 / mx.maximum(me, 1), 0.0)
+    delta = (Mf * w[..., None]).swapaxes(-1, -2) @ v                                     # [B, H, S, D]
+    return v + delta, (Mf * w[..., None]).sum(-2) > 0
+
 # %% ../nbs/06_evict.ipynb #d94a5f8c
 def _gather(a: mx.array, idx: mx.array) -> mx.array:
     "a [B, H, N, ...] gathered along the token axis at idx [B, H, K] → [B, H, K, ...]."
@@ -209,6 +235,8 @@ class EvictCache(VQCache):
         self.n, self.k_held, self.v_held, self.pos, self.score = 0, None, None, None, None
         self.padded, self.segment, self.decode_step, self.share = False, False, 0, 1.0
         self.pending_pos = 0; self.pending_score = None
+        self.acc = self.pending_acc = None  # merging scorers (`merge_budget` > 0): Ā, the attention each held token received
+        self.merging = getattr(scorer, "merge_budget", 0) > 0
         self.obs_q = self.obs_w = None  # prompt scorers: the observation window's query rows and weights so far
 
     def place(self, layer: int, n_layers: int) -> None:
@@ -250,6 +278,7 @@ class EvictCache(VQCache):
         self.k_held = {k: _pad_tokens(a, add) for k, a in self.k_held.items()}
         self.v_held = {k: _pad_tokens(a, add) for k, a in self.v_held.items()}
         self.pos, self.score = _pad_tokens(self.pos, add, -1), _pad_tokens(self.score, add, 0)
+        if self.acc is not None: self.acc = _pad_tokens(self.acc, add, 0)
 
     def _insert(self):
         "Store the pending tokens: appended, or at decode (over the target) one overwritten slot per head."
@@ -262,9 +291,11 @@ class EvictCache(VQCache):
                 score = self.scorer.score(Observation(None, None, pos, self.offset, k.astype(mx.float32), v.astype(mx.float32)))
             else: score = mx.zeros((B, H, T), mx.float32)
         self.pending_score = None
+        acc = None
+        if self.merging: acc = mx.zeros((B, H, T), mx.float32) if self.pending_acc is None else self.pending_acc; self.pending_acc = None
         ke, ve = self.k_codec.encode(k), self.v_codec.encode(v)
         if self.k_held is None:
-            self.k_held, self.v_held, self.pos, self.score = ke, ve, pos, score.astype(mx.float32); self.n = T
+            self.k_held, self.v_held, self.pos, self.score, self.acc = ke, ve, pos, score.astype(mx.float32), acc; self.n = T
             return
         decode = T == 1 and not self.segment and self.scorer.mode != "prompt" and not self.padded
         tgt = self.target(self.offset)
@@ -273,6 +304,14 @@ class EvictCache(VQCache):
             eff = self._effective(mx.concatenate([self.score[:, :, :self.n], score], axis=2),
                                   mx.concatenate([self.pos[:, :, :self.n], pos], axis=2), tgt)
             slot = mx.argmin(eff, axis=-1).astype(mx.int32)  # == n: the new token itself is the weakest; slot n is scratch
+            if self.merging:  # the new token into scratch slot n, the victim's value merged into its targets, then the overwrite
+                n = self.n
+                for held, enc in ((self.k_held, ke), (self.v_held, ve)):
+                    for name, a in enc.items(): held[name][:, :, n:n + 1] = a
+                self.pos[:, :, n:n + 1] = pos; self.acc[:, :, n:n + 1] = acc
+                self._merge(mx.arange(n + 1) == slot[..., None], n + 1)
+                ve = {name: a[:, :, n:n + 1] for name, a in self.v_held.items()}
+                self.acc = _put(self.acc, slot, acc)
             self.k_held = {name: _put(a, slot, ke[name]) for name, a in self.k_held.items()}
             self.v_held = {name: _put(a, slot, ve[name]) for name, a in self.v_held.items()}
             self.pos, self.score = _put(self.pos, slot, pos), _put(self.score, slot, score)
@@ -282,6 +321,7 @@ class EvictCache(VQCache):
         for held, enc in ((self.k_held, ke), (self.v_held, ve)):
             for name, a in enc.items(): held[name][:, :, n:n + T] = a
         self.pos[:, :, n:n + T] = pos; self.score[:, :, n:n + T] = score
+        if acc is not None: self.acc[:, :, n:n + T] = acc
         self.n += T
         if decode and self.n > tgt: self._compact(tgt)  # (not reached: the branch above keeps n at the target)
 
@@ -314,8 +354,19 @@ class EvictCache(VQCache):
         if self.pending is not None: self._insert()
         if self.segment: self._end_of_prompt()
 
-    def _decoded(self, codec, held):
-        return codec.decode({k: a[:, :, :self.n] for k, a in held.items()}).astype(mx.float32)
+    def _decoded(self, codec, held, n: int | None = None):
+        n = self.n if n is None else n
+        return codec.decode({k: a[:, :, :n] for k, a in held.items()}).astype(mx.float32)
+
+    def _merge(self, victim, n: int):
+        "Merge the values of the `victim` slots (bool [B, H, n]) into their targets among slots [0, n) (`cam_merge`); re-encodes only the targets."
+        B, H = victim.shape[:2]
+        pos = self.pos[:, :, :n]
+        u = hash_uniform(self.scorer.seed, mx.arange(H).reshape(1, H, 1), pos, mx.array(self.offset))
+        new, touched = cam_merge(self._decoded(self.v_codec, self.v_held, n), pos, self.acc[:, :, :n], victim, self.scorer.merge_budget, u)
+        enc = self.v_codec.encode(new)
+        t = touched.reshape(*touched.shape, *([1] * (next(iter(enc.values())).ndim - 3)))
+        for name, a in self.v_held.items(): a[:, :, :n] = mx.where(t, enc[name].astype(a.dtype), a[:, :, :n])
 
     def _compact(self, tgt: int):
         "Keep `tgt` tokens per head (uniform) or `H·tgt` per layer (adaptive), gathered densely; frees the rest."
@@ -330,6 +381,10 @@ class EvictCache(VQCache):
             self.padded = not bool(valid.all().item())
         else:
             idx, valid = self.scorer.select(eff, tgt), None; K = idx.shape[-1]
+        if self.merging:  # the evicted tokens' values go into the kept ones first
+            kept = mx.put_along_axis(mx.zeros(eff.shape, mx.bool_), idx, mx.array(True), axis=-1)
+            self._merge(~kept, n)
+            self.acc = _gather(self.acc[:, :, :n], idx)
         self.k_held = {k: _gather(a[:, :, :n], idx) for k, a in self.k_held.items()}
         self.v_held = {k: _gather(a[:, :, :n], idx) for k, a in self.v_held.items()}
         self.pos, self.score = _gather(self.pos[:, :, :n], idx), _gather(self.score[:, :, :n], idx)
@@ -405,6 +460,10 @@ class EvictCache(VQCache):
         if n: pos = mx.concatenate([self.pos[:, :, :n], pos], axis=2)
         obs = Observation(st.queries, w, pos, self.offset, step=self.decode_step)
         s = self.scorer.score(obs).astype(mx.float32)
+        if self.merging:  # Ā: attention received, summed over the rows, averaged over a KV head's query heads
+            a = w.mean(axis=2).sum(axis=2)
+            if n: self.acc[:, :, :n] = self.acc[:, :, :n] + a[..., :n]
+            self.pending_acc = a[..., n:] if self.pending_acc is None else self.pending_acc + a[..., n:]
         if self.scorer.mode == "sum":
             if n: self.score[:, :, :n] = self.score[:, :, :n] + s[..., :n]
             self.pending_score = s[..., n:] if self.pending_score is None else self.pending_score + s[..., n:]
@@ -455,7 +514,7 @@ class EvictCache(VQCache):
         n = 0
         for d in (self.k_held, self.v_held):
             if d: n += sum(a.nbytes for a in d.values())
-        for a in (self.pos, self.score, self.pending_score, self.obs_q, self.obs_w, *(self.pending or ())):
+        for a in (self.pos, self.score, self.pending_score, self.acc, self.pending_acc, self.obs_q, self.obs_w, *(self.pending or ())):
             if a is not None: n += a.nbytes
         return n
 
@@ -470,6 +529,7 @@ class EvictCache(VQCache):
             st["k"] = {k: a[:, :, :self.n] for k, a in self.k_held.items()}
             st["v"] = {k: a[:, :, :self.n] for k, a in self.v_held.items()}
             st["pos"], st["score"] = self.pos[:, :, :self.n], self.score[:, :, :self.n]
+            if self.acc is not None: st["acc"] = self.acc[:, :, :self.n]
         if self.obs_w is not None: st["obs_q"], st["obs_w"] = self.obs_q, self.obs_w
         return seal_state(st)  # a `checksum` of all of it (an edited file is refused)
 
@@ -495,6 +555,9 @@ class EvictCache(VQCache):
             if shapes != {self.n} or self.n > self.offset:
                 raise ValueError(f"corrupt cache state: n={self.n} held tokens, offset={self.offset}, arrays hold {sorted(shapes)}")
         self.obs_q, self.obs_w = st.get("obs_q"), st.get("obs_w")
+        if self.merging and self.n:
+            if "acc" not in st or st["acc"].shape[2] != self.n: raise ValueError("corrupt cache state: a merging cache without its attention sums")
+            self.acc = st["acc"]
 
 # %% ../nbs/06_evict.ipynb #7ba40bcc
 def eviction_factory(make_scorer, head_policy=lambda cfg: "uniform"):
@@ -539,6 +602,8 @@ KVPRESS_OPTIONS = {  # kvpress press parameter -> (veloxquant method, option); p
     "pyramidkv": {"window_size": "window", "kernel_size": "kernel", "beta": "beta"},
     "adakv": {"window_size": "window", "kernel_size": "kernel", "alpha_safeguard": "floor"},
     "chunkkv": {"window_size": "window", "kernel_size": "kernel", "chunk_length": "chunk"},
+    "cam": {"merge_budget": "merge_budget", "target_size": lambda v, p: {}, "hidden_states_buffer_size": lambda v, p: {},  # capacity: from the ratio
+            "compression_interval": lambda v, p: {} if v == 1 else _no_counterpart("cam", "compression_interval", v)},
     "curdkv": {"num_sinks": "sinks", "leverage_type": "kind", "local_window_size": lambda v, p: {},   # a callable: (value, params) -> options
                "use_local_approximation": lambda v, p: {"leverage": "norm", "local_window": p.get("local_window_size", 16) if v else 0},
                "use_random_leverage": lambda v, p: {} if not v else _no_counterpart("curdkv", "use_random_leverage", v)},
@@ -547,6 +612,7 @@ KVPRESS_OPTIONS = {  # kvpress press parameter -> (veloxquant method, option); p
 def _no_counterpart(method_id, k, v):
     raise ValueError(f"kvpress parameter {k}={v!r} of {method_id!r} has no veloxquant option")
 _IGNORED = {"class", "compression_ratio"}
+DECODE_SCHEDULE = ("cam",)  # decode-time presses: kvpress prefills `target_size` = int(n·(1 − ratio)) tokens, then feeds the rest one by one
 
 def kvpress_options(method_id: str, params: dict | None) -> dict:
     """veloxquant options for method `method_id` that run the setting of a kvpress press's parameter dict `params`
@@ -569,15 +635,21 @@ def kept_indices(method_id: str, token_ids: list, ratio: float, params: dict | N
     default model, `veloxquant.models.load_model()`). `ratio` is kvpress's compression ratio (fraction of the prompt
     removed): `budget = 1 − ratio`; `params` a kvpress parameter dict, mapped by `kvpress_options`. The prompt is fed
     in one step and compressed at once (`EvictCache.end_prompt`), as kvpress compresses after its prefill. Batch 1.
+    Decode-time presses (`DECODE_SCHEDULE`: CAM) run as kvpress runs them: a cache of `capacity = int(n·(1 − ratio))`
+    tokens, the first `capacity` prompt tokens in one step, the rest one token per step.
     `ValueError` for a ratio outside [0, 1) or a setting without counterpart."""
     if not 0 <= ratio < 1: raise ValueError(f"ratio={ratio!r} is out of range; allowed: [0, 1) (fraction of the prompt removed)")
-    cfg = KVCacheConfig(method_id, budget=1.0 - ratio, **kvpress_options(method_id, params))
+    ids = list(token_ids); cap = max(1, int(len(ids) * (1 - ratio)))
+    size = dict(capacity=cap) if method_id in DECODE_SCHEDULE else dict(budget=1.0 - ratio)
+    cfg = KVCacheConfig(method_id, **size, **kvpress_options(method_id, params))
     if model is None: model = models.load_model()[0]
     layers = model.layers if hasattr(model, "layers") else model.model.layers
     caches = [cfg.make_cache() for _ in layers]
     for i, c in enumerate(caches): c.place(i, len(caches))
     attention.install()
-    mx.eval(model(mx.array(list(token_ids))[None], cache=caches))
+    steps = [cap] + [1] * (len(ids) - cap) if method_id in DECODE_SCHEDULE else [len(ids)]
+    s = 0
+    for t in steps: mx.eval(model(mx.array(ids[s:s + t])[None], cache=caches)); s += t
     out = {}
     for l, c in enumerate(caches):
         c.end_prompt()
