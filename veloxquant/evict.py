@@ -14,9 +14,9 @@ import veloxquant.models as models
 
 # %% auto #0
 __all__ = ['KVPRESS_OPTIONS', 'DECODE_SCHEDULE', 'check_budget', 'quantizer_config', 'EvictConfig', 'Observation', 'Scorer',
-           'group_sum', 'keep_topk', 'keep_chunks', 'layer_budgets', 'head_adaptive', 'hash_uniform', 'cam_merge',
-           'EvictCache', 'eviction_factory', 'eviction_methods', 'run_layer', 'dump_kept', 'kvpress_options',
-           'kept_indices']
+           'group_sum', 'keep_topk', 'keep_chunks', 'layer_budgets', 'squeeze_budgets', 'head_adaptive', 'hash_uniform',
+           'cam_merge', 'EvictCache', 'eviction_factory', 'eviction_methods', 'run_layer', 'dump_kept',
+           'kvpress_options', 'kept_indices']
 
 # %% ../nbs/06_evict.ipynb #2b0f66d1
 def check_budget(budget, capacity) -> None:
@@ -147,6 +147,28 @@ def layer_budgets(policy: str, mean: float, n_layers: int, beta: float = 20.0) -
     top, bot = 1.0 / beta, 2.0 - 1.0 / beta
     return [bot - (bot - top) * l / (n_layers - 1) for l in range(n_layers)]
 
+def squeeze_budgets(similarity, p: float = 0.3, iters: int = 100) -> list[float]:
+    """SqueezeAttention's clustered layer budgets (Wang et al. 2024, arXiv 2404.04793 §3): the layers' cosine
+    similarities between the hidden states before and after self-attention (`similarity`, one float per layer) are
+    clustered into 3 groups by 1-D k-means (centroids initialised at the minimum, the median and the maximum; ties to
+    the lower group); the group of the highest centroid (attention changes those layers' states least) gets `p` times
+    the average budget and the other layers share the rest equally. Returns per-layer multipliers of mean 1 (all 1
+    when fewer than 3 distinct values or when every layer falls in the top group). `ValueError` unless 0 < p ≤ 1."""
+    if type(p) not in (int, float) or not 0 < p <= 1: raise ValueError(f"p={p!r} is out of range; allowed: a number in (0, 1]")
+    s = [float(x) for x in similarity]; L = len(s)
+    if len(set(s)) < 3: return [1.0] * L
+    c = [min(s), sorted(s)[(L - 1) // 2], max(s)]
+    for _ in range(iters):
+        g = [min(range(3), key=lambda j: (abs(x - c[j]), j)) for x in s]
+        new = [sum(x for x, gi in zip(s, g) if gi == j) / max(1, g.count(j)) if j in g else c[j] for j in range(3)]
+        if new == c: break
+        c = new
+    top = max(range(3), key=lambda j: (c[j] if j in g else -math.inf, j))
+    low = [gi == top for gi in g]; n = sum(low)
+    if n == L: return [1.0] * L
+    rest = (L - p * n) / (L - n)
+    return [p if lo else rest for lo in low]
+
 def head_adaptive(scores: mx.array, k: int, floor: float = 0.2) -> mx.array:
     """Ada-KV's head-adaptive selection (Feng et al. 2024, arXiv 2407.11550, Alg. 1 with the safeguard of §4): the
     layer keeps `H·k` tokens in all, the top `H·k` of all heads' scores pooled (after each head's guaranteed
@@ -243,6 +265,7 @@ class EvictCache(VQCache):
         "Called by the builder with the layer's index: per-layer budget share (e.g. PyramidKV) from `config.options.layer_policy`."
         pol = getattr(self.config.options, "layer_policy", "uniform")
         self.share = layer_budgets(pol, 1.0, n_layers, getattr(self.config.options, "beta", 20.0))[layer]
+        if hasattr(self.scorer, "join"): self.scorer.join(self, layer, n_layers)  # scorers whose budget spans layers (SqueezeAttention)
 
     def target(self, seen: int) -> int:
         "Tokens to hold per KV head after `seen` tokens: the config's average target times this layer's share, in [1, seen]."
@@ -338,6 +361,7 @@ class EvictCache(VQCache):
         "The prompt has ended: score it (prompt scorers: from the observation window) and keep `target` tokens per head."
         self.segment = False
         if self.n == 0: return
+        if hasattr(self.scorer, "prompt_share"): self.share = self.scorer.prompt_share(self)  # a layer budget decided at the prompt's end
         if self.scorer.mode == "prompt" and (self.obs_w is not None or self.scorer.stats is None):
             w = self.obs_w
             if w is not None and w.shape[-1] < self.n: w = mx.concatenate([w, mx.zeros((*w.shape[:-1], self.n - w.shape[-1]), w.dtype)], -1)
