@@ -65,7 +65,10 @@ def test_fp16_bit_identical_tiny(tiny_model):
                                   "minicache:window=7,start=0.0", "minicache:window=0,start=0.0,gamma=0.5",
                                   "cachegen:window=8", "cachegen:window=0,chunk=4,early_bits=8",
                                   "xkv:layers=2,key_rank=16,value_rank=24",
-                                  "snapkv:budget=0.3,quantizer=turboquant:key_bits=3+value_bits=3", "adakv:budget=0.25,window=8"])
+                                  "snapkv:budget=0.3,quantizer=turboquant:key_bits=3+value_bits=3", "adakv:budget=0.25,window=8",
+                                  "chunkkv:budget=0.3,window=8,chunk=5", "curdkv:budget=0.4", "keyformer:budget=0.5",
+                                  "cam:budget=0.5,merge_budget=4", "cam:budget=0.4,quantizer=turboquant:key_bits=3+value_bits=3",
+                                  "squeeze:budget=0.5"])
 def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec)
