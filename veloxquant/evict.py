@@ -147,13 +147,16 @@ def layer_budgets(policy: str, mean: float, n_layers: int, beta: float = 20.0) -
     top, bot = 1.0 / beta, 2.0 - 1.0 / beta
     return [bot - (bot - top) * l / (n_layers - 1) for l in range(n_layers)]
 
-def squeeze_budgets(similarity, p: float = 0.3, iters: int = 100) -> list[float]:
+def squeeze_budgets(similarity, p: float = 0.3, cap: float = math.inf, iters: int = 100) -> list[float]:
     """SqueezeAttention's clustered layer budgets (Wang et al. 2024, arXiv 2404.04793 §3): the layers' cosine
     similarities between the hidden states before and after self-attention (`similarity`, one float per layer) are
     clustered into 3 groups by 1-D k-means (centroids initialised at the minimum, the median and the maximum; ties to
     the lower group); the group of the highest centroid (attention changes those layers' states least) gets `p` times
-    the average budget and the other layers share the rest equally. Returns per-layer multipliers of mean 1 (all 1
-    when fewer than 3 distinct values or when every layer falls in the top group). `ValueError` unless 0 < p ≤ 1."""
+    the average budget and the other layers share the rest equally. `cap` is the largest multiplier a layer can use
+    (seen / target: it cannot hold more than every token); when the others' share would exceed it, they get `cap` and
+    the squeezed group keeps what is left of the average (more than `p`), so the mean stays 1. Returns per-layer
+    multipliers of mean 1 (all 1 when fewer than 3 distinct values or when every layer falls in the top group).
+    `ValueError` unless 0 < p ≤ 1."""
     if type(p) not in (int, float) or not 0 < p <= 1: raise ValueError(f"p={p!r} is out of range; allowed: a number in (0, 1]")
     s = [float(x) for x in similarity]; L = len(s)
     if len(set(s)) < 3: return [1.0] * L
@@ -167,6 +170,7 @@ def squeeze_budgets(similarity, p: float = 0.3, iters: int = 100) -> list[float]
     low = [gi == top for gi in g]; n = sum(low)
     if n == L: return [1.0] * L
     rest = (L - p * n) / (L - n)
+    if rest > cap: rest, p = cap, (L - cap * (L - n)) / n   # the others hold all they can; the squeezed group keeps the rest
     return [p if lo else rest for lo in low]
 
 def head_adaptive(scores: mx.array, k: int, floor: float = 0.2) -> mx.array:
