@@ -56,7 +56,8 @@ def test_save_load_trim_continue(sharp_model, spec, tmp_path):
 
 
 @pytest.mark.parametrize("spec", ["turboquant:center=True", "h2o:budget=0.5", "snapkv:budget=0.5", "streaming_llm:capacity=16",
-                                  "tova:budget=0.5", "knorm:budget=0.5", "cachegen"])
+                                  "tova:budget=0.5", "knorm:budget=0.5", "cachegen", "chunkkv:budget=0.5", "cam:budget=0.5",
+                                  "curdkv:budget=0.5", "keyformer:budget=0.5", "squeeze:budget=0.5"])
 def test_inexact_trim_is_declared(sharp_model, spec):
     """A per-sequence mean (turboquant center=True, set by the first chunk encoded) makes trimming inexact, and eviction
     methods cannot bring evicted tokens back: `is_trimmable()` is False, so mlx-lm's LRUPromptCache never trims it — it reuses only exact shorter prefixes."""

@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_evict.ipynb #bab388eb
 from __future__ import annotations
-import functools, json, math
+import functools, json, math, time
 from dataclasses import dataclass
 import mlx.core as mx
 from .core import MethodConfig, KVCacheConfig, parse_method, check_int
@@ -13,9 +13,10 @@ import veloxquant.attention as attention
 import veloxquant.models as models
 
 # %% auto #0
-__all__ = ['KVPRESS_OPTIONS', 'check_budget', 'quantizer_config', 'EvictConfig', 'Observation', 'Scorer', 'group_sum',
-           'keep_topk', 'layer_budgets', 'head_adaptive', 'EvictCache', 'eviction_factory', 'eviction_methods',
-           'run_layer', 'dump_kept', 'prompt_passes', 'kvpress_options', 'kept_indices']
+__all__ = ['KVPRESS_OPTIONS', 'DECODE_SCHEDULE', 'check_budget', 'quantizer_config', 'EvictConfig', 'Observation', 'Scorer',
+           'group_sum', 'keep_topk', 'keep_chunks', 'layer_budgets', 'squeeze_budgets', 'head_adaptive', 'hash_uniform',
+           'cam_merge', 'EvictCache', 'eviction_factory', 'eviction_methods', 'run_layer', 'dump_kept', 'prompt_passes',
+           'kvpress_options', 'kept_indices']
 
 # %% ../nbs/06_evict.ipynb #2b0f66d1
 def check_budget(budget, capacity) -> None:
@@ -69,14 +70,15 @@ class EvictConfig(MethodConfig):
 class Observation:
     """What a scorer sees for `S` tokens (held ones, then new ones): `queries` [B, Hq, n, D] real query rows (or None),
     `weights` [B, Hkv, rep, n, S] float32 softmax weights of those rows (or None), `positions` int32 [B, Hkv, S],
-    `offset` (logical length), and `keys()` / `values()`: the S keys/values [B, Hkv, S, D] float32 (decoded from the
-    stored codes on demand: only scorers that read them pay for it)."""
+    `offset` (logical length), `step` (single-token steps so far: 0 during the prompt), and `keys()` / `values()`: the S
+    keys/values [B, Hkv, S, D] float32 (decoded from the stored codes on demand: only scorers that read them pay for it)."""
     queries: object
     weights: object
     positions: mx.array
     offset: int
     _keys: object = None
     _values: object = None
+    step: int = 0
     def keys(self) -> mx.array: return self._keys() if callable(self._keys) else self._keys
     def values(self) -> mx.array: return self._values() if callable(self._values) else self._values
 
@@ -87,11 +89,15 @@ class Scorer:
     scorers, which score new tokens from their keys when they arrive); `mode` how scores of successive observations
     combine: `"sum"` (accumulated, H2O), `"last"` (the latest replaces, TOVA), `"prompt"` (scored once from the
     prompt's observation window when the prompt ends, SnapKV); `"arrival"` (query-free, scored once on arrival).
-    `protect(target) -> (recent, sinks)`: the newest `recent` and the first `sinks` tokens are never evicted."""
+    `protect(target) -> (recent, sinks)`: the newest `recent` and the first `sinks` tokens are never evicted.
+    `select(scores, k) -> int32 [B, Hkv, K]`: the selection rule when many tokens are evicted at once (the prompt's end):
+    `keep_topk` by default, `keep_chunks` for chunk selection (ChunkKV). A `"prompt"` scorer with `stats = None` is
+    query-free: it scores the whole prompt from its keys/values when the prompt ends (`Observation.weights` is None)."""
     stats = None
     mode = "arrival"
     def score(self, obs: Observation) -> mx.array: raise NotImplementedError
     def protect(self, target: int) -> tuple[int, int]: return 0, 0
+    def select(self, scores: mx.array, k: int) -> mx.array: return keep_topk(scores, k)
 
 def group_sum(weights: mx.array) -> mx.array:
     "Attention weights [B, Hkv, rep, n, S] summed over the query rows and the rep query heads of each KV head: [B, Hkv, S]."
@@ -105,6 +111,33 @@ def keep_topk(scores: mx.array, k: int) -> mx.array:
     order = mx.argsort(-scores, axis=-1)  # MLX's sort is stable: equal scores keep index order
     return mx.sort(order[..., :k].astype(mx.int32), axis=-1)
 
+def keep_chunks(scores: mx.array, k: int, chunk: int) -> mx.array:
+    """Chunk selection (ChunkKV, Liu et al. 2025, arXiv 2502.00299 §3.1, Alg. 1): the `N` tokens are cut into chunks of
+    `chunk` consecutive positions from 0 (the last one may be shorter); a chunk's score is the mean over its tokens of
+    the scores summed over the KV heads; the `max(1, ⌊n_chunks·k/N⌋)` best chunks are kept whole, the same for every
+    head. Chunks are ranked by the fraction of their tokens that are protected (+inf in every head: the observation
+    window), then by the mean of their other tokens' scores (ties: the lower chunk), so the window is kept first.
+    Fewer than `chunk` tokens: `keep_topk`. scores [B, H, N] → int32 [B, H, K]."""
+    B, H, N = scores.shape
+    if k >= N or N < chunk: return keep_topk(scores, k)
+    prot = (scores == mx.inf).all(axis=1)                                                        # [B, N]
+    s = mx.where(prot, 0.0, mx.where(mx.isfinite(scores), scores, 0.0).sum(axis=1))
+    nc = -(-N // chunk); pad = nc * chunk - N
+    per = lambda x: mx.concatenate([x, mx.zeros((B, pad), x.dtype)], -1).reshape(B, nc, chunk).sum(-1)
+    n_prot, total = per(prot.astype(mx.float32)), per(s)
+    sizes = mx.array([chunk] * (nc - 1) + [chunk - pad], dtype=mx.float32)
+    mean = total / mx.maximum(sizes - n_prot, 1)
+    o1 = mx.argsort(-mean, axis=-1)                                                              # stable sorts: a lexicographic order
+    o2 = mx.argsort(-mx.take_along_axis(n_prot / sizes, o1, -1), axis=-1)
+    kc = max(1, (nc * k) // N)
+    best = mx.take_along_axis(o1, o2, -1)[:, :kc]                                                # [B, kc] chunk ids
+    kept = (mx.arange(N)[None, :, None] // chunk == best[:, None, :]).any(-1)                    # [B, N]
+    counts = set(kept.sum(-1).tolist())
+    if len(counts) != 1: raise ValueError("keep_chunks: batch rows keep different token counts (one kept the short last chunk)")
+    t = mx.arange(N, dtype=mx.int32)
+    idx = mx.sort(mx.where(kept, t, N + t), axis=-1)[:, :counts.pop()]
+    return mx.broadcast_to(idx[:, None], (B, H, idx.shape[-1]))
+
 def layer_budgets(policy: str, mean: float, n_layers: int, beta: float = 20.0) -> list[float]:
     """Per-layer multipliers of the average budget, mean 1 over the `n_layers` layers: `"uniform"` all 1; `"pyramid"`
     (PyramidKV, Cai et al. 2024, arXiv 2406.02069 §3.3): an arithmetic sequence from the first layer's
@@ -113,6 +146,32 @@ def layer_budgets(policy: str, mean: float, n_layers: int, beta: float = 20.0) -
     if policy != "pyramid": raise ValueError(f"policy={policy!r}: allowed values: ['uniform', 'pyramid']")
     top, bot = 1.0 / beta, 2.0 - 1.0 / beta
     return [bot - (bot - top) * l / (n_layers - 1) for l in range(n_layers)]
+
+def squeeze_budgets(similarity, p: float = 0.3, cap: float = math.inf, iters: int = 100) -> list[float]:
+    """SqueezeAttention's clustered layer budgets (Wang et al. 2024, arXiv 2404.04793 §3): the layers' cosine
+    similarities between the hidden states before and after self-attention (`similarity`, one float per layer) are
+    clustered into 3 groups by 1-D k-means (centroids initialised at the minimum, the median and the maximum; ties to
+    the lower group); the group of the highest centroid (attention changes those layers' states least) gets `p` times
+    the average budget and the other layers share the rest equally. `cap` is the largest multiplier a layer can use
+    (seen / target: it cannot hold more than every token); when the others' share would exceed it, they get `cap` and
+    the squeezed group keeps what is left of the average (more than `p`), so the mean stays 1. Returns per-layer
+    multipliers of mean 1 (all 1 when fewer than 3 distinct values or when every layer falls in the top group).
+    `ValueError` unless 0 < p ≤ 1."""
+    if type(p) not in (int, float) or not 0 < p <= 1: raise ValueError(f"p={p!r} is out of range; allowed: a number in (0, 1]")
+    s = [float(x) for x in similarity]; L = len(s)
+    if len(set(s)) < 3: return [1.0] * L
+    c = [min(s), sorted(s)[(L - 1) // 2], max(s)]
+    for _ in range(iters):
+        g = [min(range(3), key=lambda j: (abs(x - c[j]), j)) for x in s]
+        new = [sum(x for x, gi in zip(s, g) if gi == j) / max(1, g.count(j)) if j in g else c[j] for j in range(3)]
+        if new == c: break
+        c = new
+    top = max(range(3), key=lambda j: (c[j] if j in g else -math.inf, j))
+    low = [gi == top for gi in g]; n = sum(low)
+    if n == L: return [1.0] * L
+    rest = (L - p * n) / (L - n)
+    if rest > cap: rest, p = cap, (L - cap * (L - n)) / n   # the others hold all they can; the squeezed group keeps the rest
+    return [p if lo else rest for lo in low]
 
 def head_adaptive(scores: mx.array, k: int, floor: float = 0.2) -> mx.array:
     """Ada-KV's head-adaptive selection (Feng et al. 2024, arXiv 2407.11550, Alg. 1 with the safeguard of §4): the
@@ -130,6 +189,31 @@ def head_adaptive(scores: mx.array, k: int, floor: float = 0.2) -> mx.array:
     chosen = mx.zeros((B, H * N), mx.bool_)
     chosen = mx.put_along_axis(chosen, idx, mx.array(True), axis=-1)
     return base | chosen.reshape(B, H, N)
+
+def hash_uniform(seed: int, a: mx.array, b: mx.array, c: mx.array) -> mx.array:
+    """Deterministic uniform draws in (0, 1), float32, broadcast over the int arrays `a`, `b`, `c` (e.g. head, position,
+    step): a 32-bit multiply-xor hash of (seed, a, b, c) with murmur3's finaliser, top 23 bits (exact in float32).
+    The same inputs give the same draws in any chunking, after save/load, and in a NumPy re-implementation."""
+    h = (a.astype(mx.uint32) * 0x9E3779B1) ^ (b.astype(mx.uint32) * 0x85EBCA77) ^ (c.astype(mx.uint32) * 0xC2B2AE3D) ^ (seed & 0xFFFFFFFF)
+    h = h ^ (h >> 16); h = h * 0x85EBCA6B; h = h ^ (h >> 13); h = h * 0xC2B2AE35; h = h ^ (h >> 16)
+    return ((h >> 9).astype(mx.float32) + 0.5) / 8388608.0
+
+def cam_merge(v: mx.array, pos: mx.array, acc: mx.array, victim: mx.array, m: int, u: mx.array):
+    """Merging of evicted values (CaM, Zhang et al., ICML 2024, §3): every evicted token e (`victim`, bool [B, H, S])
+    adds v_e / m_e to the values of its merge targets — the m_e ≤ `m` kept tokens that follow it in position — with
+    probability p_e = clamp(Ā_e / mean of Ā over its targets, 0, 1): one Bernoulli draw per evicted token and KV head
+    (`u < p_e`, u uniform [B, H, S]). v [B, H, S, D] float32, pos int32 [B, H, S] (-1: padding, never a target), acc
+    float32 [B, H, S] (Ā, the attention each token received). Simultaneous for several victims (each merges its own
+    value). Returns (values [B, H, S, D] with the targets updated, touched: bool [B, H, S])."""
+    kept = (~victim) & (pos >= 0)
+    c = ((pos[..., None, :] < pos[..., :, None]) & kept[..., None, :]).sum(-1)          # kept tokens before each token
+    M = victim[..., :, None] & kept[..., None, :] & (pos[..., None, :] > pos[..., :, None]) & (c[..., None, :] < c[..., :, None] + m)
+    Mf = M.astype(mx.float32); me = Mf.sum(-1)
+    mean_t = (Mf * acc[..., None, :]).sum(-1) / mx.maximum(me, 1)
+    p = mx.where(mean_t > 0, mx.clip(acc / mx.where(mean_t > 0, mean_t, 1), 0, 1), (acc > 0).astype(mx.float32))
+    w = mx.where(victim & (me > 0) & (u < p), 1 / mx.maximum(me, 1), 0.0)
+    delta = (Mf * w[..., None]).swapaxes(-1, -2) @ v                                     # [B, H, S, D]
+    return v + delta, (Mf * w[..., None]).sum(-2) > 0
 
 # %% ../nbs/06_evict.ipynb #d94a5f8c
 def _gather(a: mx.array, idx: mx.array) -> mx.array:
@@ -177,12 +261,15 @@ class EvictCache(VQCache):
         self.n, self.k_held, self.v_held, self.pos, self.score = 0, None, None, None, None
         self.padded, self.segment, self.decode_step, self.share = False, False, 0, 1.0
         self.pending_pos = 0; self.pending_score = None
+        self.acc = self.pending_acc = None  # merging scorers (`merge_budget` > 0): Ā, the attention each held token received
+        self.merging = getattr(scorer, "merge_budget", 0) > 0
         self.obs_q = self.obs_w = None  # prompt scorers: the observation window's query rows and weights so far
 
     def place(self, layer: int, n_layers: int) -> None:
         "Called by the builder with the layer's index: per-layer budget share (e.g. PyramidKV) from `config.options.layer_policy`."
         pol = getattr(self.config.options, "layer_policy", "uniform")
         self.share = layer_budgets(pol, 1.0, n_layers, getattr(self.config.options, "beta", 20.0))[layer]
+        if hasattr(self.scorer, "join"): self.scorer.join(self, layer, n_layers)  # scorers whose budget spans layers (SqueezeAttention)
 
     def target(self, seen: int) -> int:
         "Tokens to hold per KV head after `seen` tokens: the config's average target times this layer's share, in [1, seen]."
@@ -218,6 +305,7 @@ class EvictCache(VQCache):
         self.k_held = {k: _pad_tokens(a, add) for k, a in self.k_held.items()}
         self.v_held = {k: _pad_tokens(a, add) for k, a in self.v_held.items()}
         self.pos, self.score = _pad_tokens(self.pos, add, -1), _pad_tokens(self.score, add, 0)
+        if self.acc is not None: self.acc = _pad_tokens(self.acc, add, 0)
 
     def _insert(self):
         "Store the pending tokens: appended, or at decode (over the target) one overwritten slot per head."
@@ -230,9 +318,11 @@ class EvictCache(VQCache):
                 score = self.scorer.score(Observation(None, None, pos, self.offset, k.astype(mx.float32), v.astype(mx.float32)))
             else: score = mx.zeros((B, H, T), mx.float32)
         self.pending_score = None
+        acc = None
+        if self.merging: acc = mx.zeros((B, H, T), mx.float32) if self.pending_acc is None else self.pending_acc; self.pending_acc = None
         ke, ve = self.k_codec.encode(k), self.v_codec.encode(v)
         if self.k_held is None:
-            self.k_held, self.v_held, self.pos, self.score = ke, ve, pos, score.astype(mx.float32); self.n = T
+            self.k_held, self.v_held, self.pos, self.score, self.acc = ke, ve, pos, score.astype(mx.float32), acc; self.n = T
             return
         decode = T == 1 and not self.segment and self.scorer.mode != "prompt" and not self.padded
         tgt = self.target(self.offset)
@@ -241,6 +331,14 @@ class EvictCache(VQCache):
             eff = self._effective(mx.concatenate([self.score[:, :, :self.n], score], axis=2),
                                   mx.concatenate([self.pos[:, :, :self.n], pos], axis=2), tgt)
             slot = mx.argmin(eff, axis=-1).astype(mx.int32)  # == n: the new token itself is the weakest; slot n is scratch
+            if self.merging:  # the new token into scratch slot n, the victim's value merged into its targets, then the overwrite
+                n = self.n
+                for held, enc in ((self.k_held, ke), (self.v_held, ve)):
+                    for name, a in enc.items(): held[name][:, :, n:n + 1] = a
+                self.pos[:, :, n:n + 1] = pos; self.acc[:, :, n:n + 1] = acc
+                self._merge(mx.arange(n + 1) == slot[..., None], n + 1)
+                ve = {name: a[:, :, n:n + 1] for name, a in self.v_held.items()}
+                self.acc = _put(self.acc, slot, acc)
             self.k_held = {name: _put(a, slot, ke[name]) for name, a in self.k_held.items()}
             self.v_held = {name: _put(a, slot, ve[name]) for name, a in self.v_held.items()}
             self.pos, self.score = _put(self.pos, slot, pos), _put(self.score, slot, score)
@@ -250,6 +348,7 @@ class EvictCache(VQCache):
         for held, enc in ((self.k_held, ke), (self.v_held, ve)):
             for name, a in enc.items(): held[name][:, :, n:n + T] = a
         self.pos[:, :, n:n + T] = pos; self.score[:, :, n:n + T] = score
+        if acc is not None: self.acc[:, :, n:n + T] = acc
         self.n += T
         if decode and self.n > tgt: self._compact(tgt)  # (not reached: the branch above keeps n at the target)
 
@@ -266,9 +365,10 @@ class EvictCache(VQCache):
         "The prompt has ended: score it (prompt scorers: from the observation window) and keep `target` tokens per head."
         self.segment = False
         if self.n == 0: return
-        if self.scorer.mode == "prompt" and self.obs_w is not None:
+        if hasattr(self.scorer, "prompt_share"): self.share = self.scorer.prompt_share(self)  # a layer budget decided at the prompt's end
+        if self.scorer.mode == "prompt" and (self.obs_w is not None or self.scorer.stats is None):
             w = self.obs_w
-            if w.shape[-1] < self.n: w = mx.concatenate([w, mx.zeros((*w.shape[:-1], self.n - w.shape[-1]), w.dtype)], -1)
+            if w is not None and w.shape[-1] < self.n: w = mx.concatenate([w, mx.zeros((*w.shape[:-1], self.n - w.shape[-1]), w.dtype)], -1)
             obs = Observation(self.obs_q, w, self.pos[:, :, :self.n], self.offset,
                               lambda: self._decoded(self.k_codec, self.k_held), lambda: self._decoded(self.v_codec, self.v_held))
             self.score[:, :, :self.n] = self.scorer.score(obs).astype(mx.float32)
@@ -282,8 +382,19 @@ class EvictCache(VQCache):
         if self.pending is not None: self._insert()
         if self.segment: self._end_of_prompt()
 
-    def _decoded(self, codec, held):
-        return codec.decode({k: a[:, :, :self.n] for k, a in held.items()}).astype(mx.float32)
+    def _decoded(self, codec, held, n: int | None = None):
+        n = self.n if n is None else n
+        return codec.decode({k: a[:, :, :n] for k, a in held.items()}).astype(mx.float32)
+
+    def _merge(self, victim, n: int):
+        "Merge the values of the `victim` slots (bool [B, H, n]) into their targets among slots [0, n) (`cam_merge`); re-encodes only the targets."
+        B, H = victim.shape[:2]
+        pos = self.pos[:, :, :n]
+        u = hash_uniform(self.scorer.seed, mx.arange(H).reshape(1, H, 1), pos, mx.array(self.offset))
+        new, touched = cam_merge(self._decoded(self.v_codec, self.v_held, n), pos, self.acc[:, :, :n], victim, self.scorer.merge_budget, u)
+        enc = self.v_codec.encode(new)
+        t = touched.reshape(*touched.shape, *([1] * (next(iter(enc.values())).ndim - 3)))
+        for name, a in self.v_held.items(): a[:, :, :n] = mx.where(t, enc[name].astype(a.dtype), a[:, :, :n])
 
     def _compact(self, tgt: int):
         "Keep `tgt` tokens per head (uniform) or `H·tgt` per layer (adaptive), gathered densely; frees the rest."
@@ -297,7 +408,11 @@ class EvictCache(VQCache):
             valid = idx < n; idx = mx.where(valid, idx, idx - n)
             self.padded = not bool(valid.all().item())
         else:
-            idx, valid, K = keep_topk(eff, tgt), None, tgt
+            idx, valid = self.scorer.select(eff, tgt), None; K = idx.shape[-1]
+        if self.merging:  # the evicted tokens' values go into the kept ones first
+            kept = mx.put_along_axis(mx.zeros(eff.shape, mx.bool_), idx, mx.array(True), axis=-1)
+            self._merge(~kept, n)
+            self.acc = _gather(self.acc[:, :, :n], idx)
         self.k_held = {k: _gather(a[:, :, :n], idx) for k, a in self.k_held.items()}
         self.v_held = {k: _gather(a[:, :, :n], idx) for k, a in self.v_held.items()}
         self.pos, self.score = _gather(self.pos[:, :, :n], idx), _gather(self.score[:, :, :n], idx)
@@ -371,8 +486,12 @@ class EvictCache(VQCache):
         B, H = w.shape[:2]
         pos = self._positions(self.pending_pos, st.L, B, H)
         if n: pos = mx.concatenate([self.pos[:, :, :n], pos], axis=2)
-        obs = Observation(st.queries, w, pos, self.offset)
+        obs = Observation(st.queries, w, pos, self.offset, step=self.decode_step)
         s = self.scorer.score(obs).astype(mx.float32)
+        if self.merging:  # Ā: attention received, summed over the rows, averaged over a KV head's query heads
+            a = w.mean(axis=2).sum(axis=2)
+            if n: self.acc[:, :, :n] = self.acc[:, :, :n] + a[..., :n]
+            self.pending_acc = a[..., n:] if self.pending_acc is None else self.pending_acc + a[..., n:]
         if self.scorer.mode == "sum":
             if n: self.score[:, :, :n] = self.score[:, :, :n] + s[..., :n]
             self.pending_score = s[..., n:] if self.pending_score is None else self.pending_score + s[..., n:]
@@ -423,7 +542,7 @@ class EvictCache(VQCache):
         n = 0
         for d in (self.k_held, self.v_held):
             if d: n += sum(a.nbytes for a in d.values())
-        for a in (self.pos, self.score, self.pending_score, self.obs_q, self.obs_w, *(self.pending or ())):
+        for a in (self.pos, self.score, self.pending_score, self.acc, self.pending_acc, self.obs_q, self.obs_w, *(self.pending or ())):
             if a is not None: n += a.nbytes
         return n
 
@@ -438,6 +557,7 @@ class EvictCache(VQCache):
             st["k"] = {k: a[:, :, :self.n] for k, a in self.k_held.items()}
             st["v"] = {k: a[:, :, :self.n] for k, a in self.v_held.items()}
             st["pos"], st["score"] = self.pos[:, :, :self.n], self.score[:, :, :self.n]
+            if self.acc is not None: st["acc"] = self.acc[:, :, :self.n]
         if self.obs_w is not None: st["obs_q"], st["obs_w"] = self.obs_q, self.obs_w
         return seal_state(st)  # a `checksum` of all of it (an edited file is refused)
 
@@ -463,8 +583,10 @@ class EvictCache(VQCache):
             if shapes != {self.n} or self.n > self.offset:
                 raise ValueError(f"corrupt cache state: n={self.n} held tokens, offset={self.offset}, arrays hold {sorted(shapes)}")
         self.obs_q, self.obs_w = st.get("obs_q"), st.get("obs_w")
+        if self.merging and self.n:
+            if "acc" not in st or st["acc"].shape[2] != self.n: raise ValueError("corrupt cache state: a merging cache without its attention sums")
+            self.acc = st["acc"]
 
-# %% ../nbs/06_evict.ipynb #7ba40bcc
 def eviction_factory(make_scorer, head_policy=lambda cfg: "uniform"):
     """A method's cache factory: `make_scorer(options) -> Scorer`, `head_policy(options) -> "uniform" | "adaptive"`.
     The returned `make(config: KVCacheConfig) -> EvictCache` is what `register_method` takes."""
@@ -490,7 +612,6 @@ def run_layer(cache, queries, keys, values, chunks, scale: float | None = None) 
         s += c
     return mx.concatenate(outs, axis=2)
 
-# %% ../nbs/06_evict.ipynb #33fce9a1
 def dump_kept(caches, path=None) -> dict:
     """Kept token positions of every evicting layer: `{"layers": {layer: [batch][kv_head] -> ascending ints}}`,
     written as JSON to `path` when given (the format to compare with another implementation's kept indices)."""
@@ -500,8 +621,6 @@ def dump_kept(caches, path=None) -> dict:
     return out
 
 # %% ../nbs/06_evict.ipynb #ba682b99
-import time
-
 def prompt_passes(model, caches, tokens, tokenizer=None) -> float:
     """Run the prompt passes of the caches that need one (a cache class's `prompt_pass(model, caches, tokens,
     tokenizer)` classmethod, called once per class with the whole list): `tokens` the prompt's ids (list of int) that
@@ -517,13 +636,23 @@ def prompt_passes(model, caches, tokens, tokenizer=None) -> float:
 KVPRESS_OPTIONS = {  # kvpress press parameter -> (veloxquant method, option); parameters not listed must be absent
     "snapkv": {"window_size": "window", "kernel_size": "kernel"},
     "streaming_llm": {"n_sink": "sinks"},
-    "tova": {}, "knorm": {}, "h2o": {},
+    "tova": {}, "knorm": {}, "h2o": {}, "qfilters": {}, "kvzip": {"n_sink": "sinks", "chunk_size": "chunk", "layerwise": "layerwise"},
     "pyramidkv": {"window_size": "window", "kernel_size": "kernel", "beta": "beta"},
     "adakv": {"window_size": "window", "kernel_size": "kernel", "alpha_safeguard": "floor"},
+    "chunkkv": {"window_size": "window", "kernel_size": "kernel", "chunk_length": "chunk"},
+    "cam": {"merge_budget": "merge_budget", "target_size": lambda v, p: {}, "hidden_states_buffer_size": lambda v, p: {},  # capacity: from the ratio
+            "compression_interval": lambda v, p: {} if v == 1 else _no_counterpart("cam", "compression_interval", v)},
+    "curdkv": {"num_sinks": "sinks", "leverage_type": "kind", "local_window_size": lambda v, p: {},   # a callable: (value, params) -> options
+               "use_local_approximation": lambda v, p: {"leverage": "norm", "local_window": p.get("local_window_size", 16) if v else 0},
+               "use_random_leverage": lambda v, p: {} if not v else _no_counterpart("curdkv", "use_random_leverage", v)},
 }
+
+def _no_counterpart(method_id, k, v):
+    raise ValueError(f"kvpress parameter {k}={v!r} of {method_id!r} has no veloxquant option")
 _IGNORED = {"class", "compression_ratio"}
 _NO = object()
 _KVPRESS_FIXED = {"kvzip": {"kvzip_plus_normalization": False, "prefix_length": 0}}  # kvpress settings that are veloxquant's behaviour
+DECODE_SCHEDULE = ("cam",)  # decode-time presses: kvpress prefills `target_size` = int(n·(1 − ratio)) tokens, then feeds the rest one by one
 
 def kvpress_options(method_id: str, params: dict | None) -> dict:
     """veloxquant options for method `method_id` that run the setting of a kvpress press's parameter dict `params`
@@ -535,8 +664,9 @@ def kvpress_options(method_id: str, params: dict | None) -> dict:
         if k in _IGNORED or _KVPRESS_FIXED.get(method_id, {}).get(k, _NO) == v: continue  # a setting that is ours
         if isinstance(v, dict): opts.update(kvpress_options(method_id, v)); continue  # nested press parameters
         name = KVPRESS_OPTIONS[method_id].get(k)
-        if name is None: raise ValueError(f"kvpress parameter {k}={v!r} of {method_id!r} has no veloxquant option")
-        opts[name] = v
+        if name is None: _no_counterpart(method_id, k, v)
+        if callable(name): opts.update(name(v, params))
+        else: opts[name] = v
     return opts
 
 def kept_indices(method_id: str, token_ids: list, ratio: float, params: dict | None = None, model=None) -> dict:
@@ -545,9 +675,13 @@ def kept_indices(method_id: str, token_ids: list, ratio: float, params: dict | N
     default model, `veloxquant.models.load_model()`). `ratio` is kvpress's compression ratio (fraction of the prompt
     removed): `budget = 1 − ratio`; `params` a kvpress parameter dict, mapped by `kvpress_options`. The prompt is fed
     in one step and compressed at once (`EvictCache.end_prompt`), as kvpress compresses after its prefill. Batch 1.
+    Decode-time presses (`DECODE_SCHEDULE`: CAM) run as kvpress runs them: a cache of `capacity = int(n·(1 − ratio))`
+    tokens, the first `capacity` prompt tokens in one step, the rest one token per step.
     `ValueError` for a ratio outside [0, 1) or a setting without counterpart."""
     if not 0 <= ratio < 1: raise ValueError(f"ratio={ratio!r} is out of range; allowed: [0, 1) (fraction of the prompt removed)")
-    cfg = KVCacheConfig(method_id, budget=1.0 - ratio, **kvpress_options(method_id, params))
+    ids = list(token_ids); cap = max(1, int(len(ids) * (1 - ratio)))
+    size = dict(capacity=cap) if method_id in DECODE_SCHEDULE else dict(budget=1.0 - ratio)
+    cfg = KVCacheConfig(method_id, **size, **kvpress_options(method_id, params))
     tok = None
     if model is None: model, tok = models.load_model()
     layers = model.layers if hasattr(model, "layers") else model.model.layers
@@ -555,13 +689,12 @@ def kept_indices(method_id: str, token_ids: list, ratio: float, params: dict | N
     caches = [c.make_cache() for c in calibrate.layer_configs(model, cfg)]
     for i, c in enumerate(caches): c.place(i, len(caches))
     attention.install()
-    mx.eval(model(mx.array(list(token_ids))[None], cache=caches))
-    prompt_passes(model, caches, list(token_ids), tok)  # passes of their own (KVzip's reconstruction)
+    steps = [cap] + [1] * (len(ids) - cap) if method_id in DECODE_SCHEDULE else [len(ids)]
+    s = 0
+    for t in steps: mx.eval(model(mx.array(ids[s:s + t])[None], cache=caches)); s += t
+    prompt_passes(model, caches, ids, tok)  # passes of their own (KVzip's reconstruction)
     out = {}
     for l, c in enumerate(caches):
         c.end_prompt()
         for h, kept in enumerate(c.kept_positions()[0]): out[(l, h)] = kept
     return out
-
-# %% ../nbs/06_evict.ipynb #4b7773f4
-KVPRESS_OPTIONS.update({"kvzip": {"n_sink": "sinks", "chunk_size": "chunk", "layerwise": "layerwise"}, "qfilters": {}})
