@@ -38,7 +38,8 @@ def method_configs():
     out = []
     for mid in method_ids():
         names = [f.name for f in dataclasses.fields(get_method(mid).config_cls)]
-        out.append(vq.KVCacheConfig(mid, **({"window": 0} if "window" in names and mid not in evict else {})))
+        try: out.append(vq.KVCacheConfig(mid, **({"window": 0} if "window" in names and mid not in evict else {})))
+        except ValueError: out.append(vq.KVCacheConfig(mid))  # a method whose window must be >= 1 (svdq, kvtc, a2ats)
     return out
 
 

@@ -137,6 +137,11 @@ class KVCacheBuilder:
                 try: spec = rope.layer_rope(layers[i])
                 except ValueError as e: raise refusal(model, f"method {config.method!r} undoes RoPE and {e}") from None
                 c.use_rope(spec)
+        for c, layer in zip(caches, model_layers(model)):  # a cache (or its eviction scorer) that serves some block families only
+            check = getattr(c, "check_layer", None) or getattr(getattr(c, "scorer", None), "check_layer", None)
+            if check is None: continue
+            try: check(layer)
+            except ValueError as e: raise refusal(model, f"method {config.method!r}: {e}") from None
         return caches
 
 def compress(model, config: KVCacheConfig, probe: bool = True):

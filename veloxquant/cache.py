@@ -410,7 +410,7 @@ class VQCache(_BaseCache):
     def _use_decoded_prefill(self) -> bool:
         "Whether chunks of several queries attend to the decoded history (`decoded_prefill`; auto: a GPU back-end) — codecs permitting."
         on = gpu.backend() is not None if self.decoded_prefill is None else bool(self.decoded_prefill)
-        return on and self.k_codec.attends_by_decoding() and self.v_codec.attends_by_decoding()
+        return on and self.k_codec.attends_by_decoding() and self.v_codec.attends_by_decoding() and type(self)._blocks is VQCache._blocks
 
     prefill_score_budget = 1 << 31  # bytes of fp32 scores one fused-SDPA call of the decoded prefill may imply (query blocks beyond it)
 

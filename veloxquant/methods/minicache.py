@@ -69,6 +69,7 @@ class _Layout(Codec):
         mag = mx.linalg.norm(x, axis=-1, keepdims=True)
         if self.role == "lower": return {"mag": mag.astype(mx.float16)}
         return {"dir": (x / mx.maximum(mag, _EPS)).astype(mx.float16), "mag": mag.astype(mx.float16)}
+    decodes_exactly = False  # blocks are restored by the cache (both layers): no decoded-tile prefill or tiled decode over them
     def decode(self, blk): raise NotImplementedError("MiniCache blocks are restored by the cache (they need both layers)")
 
 _SIDES = ("k", "v")

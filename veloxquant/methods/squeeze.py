@@ -54,6 +54,11 @@ class SqueezeScorer(H2OScorer):
         super().__init__(recent_ratio); self.p = p
         self.io_sum, self.io_n, self.group, self.layer = 0.0, 0, None, None
         import mlx_lm.models.llama as llama; instrument(llama)
+    def check_layer(self, layer):
+        "`ValueError` for a transformer block outside the Llama family (the builder refuses the model before any token)."
+        if type(layer).__module__ != "mlx_lm.models.llama":
+            raise ValueError(f"SqueezeAttention's similarity hook covers the Llama block family (mlx_lm.models.llama) only, "
+                             f"not {type(layer).__module__}.{type(layer).__name__}")
     def observe_io(self, x, h):
         "Add the cosine similarities of the L tokens' hidden states before (`x`) and after (`h`) attention, [B, L, d]."
         x, h = x.astype(mx.float32), h.astype(mx.float32)
