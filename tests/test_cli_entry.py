@@ -33,3 +33,22 @@ def test_generate_cli_refuses_before_loading_the_model(tmp_path):
 def test_python_m_cli_help():
     r = subprocess.run([sys.executable, "-m", "veloxquant.cli", "--help"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "usage: veloxquant" in r.stdout
+
+
+def test_prompt_cache_file_abbreviated_repeated_or_other_method(tmp_path):
+    stock, ours = tmp_path / "stock.safetensors", tmp_path / "ours.safetensors"
+    save_prompt_cache(str(stock), [_filled(KVCache()) for _ in range(2)])
+    save_prompt_cache(str(ours), [_filled(vq.KVCacheConfig("affine").make_cache()) for _ in range(2)])
+    affine, turbo = vq.KVCacheConfig("affine"), vq.KVCacheConfig("turboquant")
+    for flag in ("--prompt-cache", "--prompt-cache-f", "--prompt-c"):   # argparse's abbreviations
+        assert "uncompressed" in prompt_cache_file_refusal([flag, str(stock)], affine)
+    assert "uncompressed" in prompt_cache_file_refusal(["--prompt-cache-file", str(ours), "--prompt-cache-file", str(stock)], affine)
+    assert prompt_cache_file_refusal(["--prompt-cache-file", str(ours)], affine) is None
+    assert "not of --method" in prompt_cache_file_refusal(["--prompt-cache-file", str(ours)], turbo)
+    assert prompt_cache_file_refusal(["--prompt-cache-file", str(stock)], vq.KVCacheConfig("fp16")) is None  # fp16: nothing to compress
+
+
+def test_methods_with_a_prompt_pass_are_refused_by_generate():
+    from veloxquant.cli import prompt_pass_refusal
+    assert "pass of its own" in prompt_pass_refusal(vq.parse_method("kvzip:budget=0.5"))
+    assert prompt_pass_refusal(vq.KVCacheConfig("affine")) is None and prompt_pass_refusal(vq.parse_method("snapkv:budget=0.5")) is None

@@ -65,7 +65,7 @@ def _refuse_mla_method(model, config) -> None:
     if why: raise refusal(model, why)
 
 class _Verdict:  # a plain object, so that mlx's Module keeps it out of the parameter tree
-    def __init__(self, error): self.error = error
+    def __init__(self, error, dims=None): self.error, self.dims = error, dims  # dims: per layer (k, v) head dims the probe saw
 
 def _probe(model):
     "The refusal message for `model`, or None when it is served (see `check_model`)."
@@ -91,7 +91,24 @@ def _probe(model):
     if not err <= _PROBE_TOL:
         return str(refusal(model, f"a 4-token probe through veloxquant's exact fp16 reference caches gives logits "
                                   f"{err:.3g} (relative) away from the model's own caches (allowed: {_PROBE_TOL})"))
-    return None
+    return _Verdict(None, [getattr(c, "dims", None) for c in ours])
+
+_CODECS_OK: dict = {}  # (config JSON, (k, v) head dims) -> None or the codec's error
+
+def _check_codecs(model, config, caches) -> None:
+    """The build-time refusal when a cache's codecs cannot code this model's heads (e.g. group_size 64 with head_dim 32),
+    which a cache would otherwise only find at its first token: each cache's `_make_codecs` is tried once per config and
+    the (k, v) head dims the model's probe saw."""
+    dims = getattr(getattr(model, "_vq_verdict", None), "dims", None) or []
+    for c, d in zip(caches, dims):
+        if d is None or getattr(c, "k_codec", 0) is not None or not hasattr(c, "_make_codecs"): continue
+        key = (c.config.to_json(), tuple(d))
+        if key not in _CODECS_OK:
+            try: c._make_codecs(*d); _CODECS_OK[key] = None
+            except ValueError as e: _CODECS_OK[key] = str(e)
+            except Exception: _CODECS_OK[key] = None  # codecs made another way (cache groups): checked where they are made
+        if _CODECS_OK[key]:
+            raise refusal(model, f"method {config.method!r} cannot code its heads (head_dim {tuple(d)}): {_CODECS_OK[key]}")
 
 def check_model(model) -> None:
     """Raise the build-time refusal (`ValueError`, see `refusal`) unless veloxquant can serve `model`: its own
@@ -102,7 +119,8 @@ def check_model(model) -> None:
     v = getattr(model, "_vq_verdict", None)
     if not isinstance(v, _Verdict):
         install()
-        v = _Verdict(_probe(model)); model._vq_verdict = v
+        p = _probe(model)
+        v = p if isinstance(p, _Verdict) else _Verdict(p); model._vq_verdict = v
     if v.error: raise ValueError(v.error)
 
 class KVCacheBuilder:
@@ -142,6 +160,7 @@ class KVCacheBuilder:
             if check is None: continue
             try: check(layer)
             except ValueError as e: raise refusal(model, f"method {config.method!r}: {e}") from None
+        _check_codecs(model, config, caches)  # a codec that cannot code these heads: refused now, not at the first token
         return caches
 
 def compress(model, config: KVCacheConfig, probe: bool = True):

@@ -11,8 +11,8 @@ from .builder import compress, decompress
 from .models import MLX_KV_FLAGS, is_mlx_kv_flag, split_model_flag, check_model_arg
 
 # %% auto #0
-__all__ = ['run_method', 'print_table', 'demo', 'generate_parser', 'prompt_cache_file_refusal', 'generate_main', 'eval_main',
-           'int_list', 'benchmark_main', 'main']
+__all__ = ['run_method', 'print_table', 'demo', 'generate_parser', 'prompt_cache_file_refusal', 'prompt_pass_refusal',
+           'generate_main', 'eval_main', 'int_list', 'benchmark_main', 'main']
 
 # %% ../nbs/08_cli.ipynb #38194602
 def _maybe_reexec_with_openblas(argv):
@@ -131,24 +131,44 @@ def generate_parser(g=None) -> argparse.ArgumentParser:
                    help="KV-cache method 'id:opt=val,...' (default: %(default)s); methods: " + ", ".join(method_ids()))
     return p
 
-def prompt_cache_file_refusal(rest: list[str]) -> str | None:
-    """Why `--prompt-cache-file F` in mlx-lm's arguments `rest` cannot run compressed, or None. mlx-lm then generates
-    with the caches saved in F instead of the model's `make_cache`: a file of mlx-lm's own caches (`mlx_lm cache_prompt`)
-    would run uncompressed under `--method`, so it is refused (as is a file that does not exist or does not load)."""
-    opts = [a for a in rest if a == "--prompt-cache-file" or a.startswith("--prompt-cache-file=")]
-    if not opts: return None
-    a = opts[0]
-    path = a.split("=", 1)[1] if "=" in a else (rest[rest.index(a) + 1] if rest.index(a) + 1 < len(rest) else None)
-    if not path: return "--prompt-cache-file needs a file"
+def _is_prompt_cache_flag(a: str) -> bool:  # argparse also takes an unambiguous abbreviation (--prompt-c...)
+    f = a.split("=", 1)[0]
+    return f.startswith("--prompt-c") and "--prompt-cache-file".startswith(f)
+
+def prompt_cache_file_refusal(rest: list[str], config: KVCacheConfig | None = None) -> str | None:
+    """Why `--prompt-cache-file F` (or an abbreviation, given any number of times) in mlx-lm's arguments `rest` cannot
+    run as `--method` `config` says, or None. mlx-lm then generates with the caches saved in F instead of the model's
+    `make_cache`: a file of mlx-lm's own caches (`mlx_lm cache_prompt`) would run uncompressed (allowed for `fp16`), and
+    a file of veloxquant caches of another method or settings would run as saved, ignoring `--method`; both are
+    refused, as is a file that does not exist or does not load."""
     from mlx_lm.models.cache import load_prompt_cache
-    try: caches = load_prompt_cache(path)
-    except Exception as e: return f"--prompt-cache-file {path}: cannot load it ({type(e).__name__}: {e})"
-    stock = sorted({type(c).__name__ for c in caches if not type(c).__module__.startswith("veloxquant")})
-    if stock:
-        return (f"--prompt-cache-file {path} holds mlx-lm's own uncompressed caches ({', '.join(stock)}): generation would "
-                "run uncompressed, ignoring --method; drop the file, or save a prompt cache built by veloxquant "
-                "(mlx_lm.models.cache.save_prompt_cache of caches from veloxquant.KVCacheBuilder.for_model)")
+    for i, a in enumerate(rest):
+        if not _is_prompt_cache_flag(a): continue
+        path = a.split("=", 1)[1] if "=" in a else (rest[i + 1] if i + 1 < len(rest) else None)
+        if not path: return "--prompt-cache-file needs a file"
+        try: caches = load_prompt_cache(path)
+        except Exception as e: return f"--prompt-cache-file {path}: cannot load it ({type(e).__name__}: {e})"
+        stock = sorted({type(c).__name__ for c in caches if not type(c).__module__.startswith("veloxquant")})
+        if stock and not (config is not None and config.method == "fp16"):
+            return (f"--prompt-cache-file {path} holds mlx-lm's own uncompressed caches ({', '.join(stock)}): generation would "
+                    "run uncompressed, ignoring --method; drop the file, or save a prompt cache built by veloxquant "
+                    "(mlx_lm.models.cache.save_prompt_cache of caches from veloxquant.KVCacheBuilder.for_model)")
+        saved = {c.config.to_json() for c in caches if hasattr(c, "config")}
+        if config is not None and saved and saved != {config.to_json()}:
+            return (f"--prompt-cache-file {path} holds caches of {', '.join(sorted(saved))}, not of --method {config}: "
+                    "generation would run with the saved caches; pass the --method the file was made with")
     return None
+
+def prompt_pass_refusal(config: KVCacheConfig) -> str | None:
+    """Why `veloxquant generate` cannot run `config` compressed, or None: methods with a prompt pass of their own
+    (KVzip's reconstruction, `veloxquant.evict.prompt_passes`) need the prompt's token ids, which mlx-lm's generate
+    loop never hands to a cache; they would keep the prompt whole."""
+    try: cls = type(config.make_cache())
+    except Exception: return None  # a method that cannot build without a model (calibrated): checked at load
+    if getattr(cls, "prompt_pass", None) is None: return None
+    return (f"method {config.method!r} scores the prompt with a pass of its own after the prefill, which mlx-lm's generate "
+            "loop cannot run (it would keep the prompt whole); use the Python API: build caches with "
+            "veloxquant.KVCacheBuilder.for_model, prefill, call veloxquant.evict.prompt_passes(model, caches, ids, tokenizer)")
 
 def generate_main(argv):
     "`mlx_lm.generate`'s CLI with the model compressed by `--method` (default model: the embedded one)."
@@ -179,7 +199,7 @@ def generate_main(argv):
         print(f"veloxquant generate: error: {refused[0]} configures mlx-lm's own KV cache, which --method replaces "
               "(it would be ignored); choose the cache with --method, e.g. --method affine:key_bits=4,value_bits=4", file=sys.stderr)
         sys.exit(2)
-    if (why := prompt_cache_file_refusal(rest)):
+    if (why := prompt_cache_file_refusal(rest, config) or prompt_pass_refusal(config)):
         print(f"veloxquant generate: error: {why}", file=sys.stderr); sys.exit(2)
     if "--model" in rest and (i := rest.index("--model") + 1) < len(rest) and not ("-h" in rest or "--help" in rest):
         try:

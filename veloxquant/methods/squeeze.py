@@ -59,6 +59,9 @@ class SqueezeScorer(H2OScorer):
         if type(layer).__module__ != "mlx_lm.models.llama":
             raise ValueError(f"SqueezeAttention's similarity hook covers the Llama block family (mlx_lm.models.llama) only, "
                              f"not {type(layer).__module__}.{type(layer).__name__}")
+        if self.group is not None and len(self.group["scorers"]) != self.group["n"]:  # called after every layer's `place`
+            raise ValueError("SqueezeAttention clusters the budgets of all layers, and this model has layers that do not "
+                             "evict (sliding-window or chunked layers): the Llama block family without them only")
     def observe_io(self, x, h):
         "Add the cosine similarities of the L tokens' hidden states before (`x`) and after (`h`) attention, [B, L, d]."
         x, h = x.astype(mx.float32), h.astype(mx.float32)
