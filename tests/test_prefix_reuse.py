@@ -19,10 +19,11 @@ SUFFIXES = [[3, 1, 4, 1, 5, 9, 2, 6], [100, 101, 27], [64] * 12]
 
 def trimmable_specs():
     """Every registered method at default settings — each must say it trims (and the trims used here are exact) — except
-    the eviction methods and `cachegen` (tokens coded in chunks), which refuse trims (`test_inexact_trim_is_declared`)."""
+    the eviction methods, `cachegen` (tokens coded in chunks) and `zipcache` (bit widths chosen per group from its
+    saliency), which refuse trims (`test_inexact_trim_is_declared`)."""
     from veloxquant.evict import eviction_methods
     from conftest import uncalibrated, keeps_sequence_state
-    return [m for m in uncalibrated(vq.method_ids()) if m not in eviction_methods() and m != "cachegen" and not keeps_sequence_state(m)] + ["fp16:reference=True"]
+    return [m for m in uncalibrated(vq.method_ids()) if m not in eviction_methods() and m not in ("cachegen", "zipcache") and not keeps_sequence_state(m)] + ["fp16:reference=True"]
 
 
 def feed(model, cache, toks):
@@ -57,7 +58,7 @@ def test_save_load_trim_continue(sharp_model, spec, tmp_path):
 
 @pytest.mark.parametrize("spec", ["turboquant:center=True", "h2o:budget=0.5", "snapkv:budget=0.5", "streaming_llm:capacity=16",
                                   "tova:budget=0.5", "knorm:budget=0.5", "cachegen", "chunkkv:budget=0.5", "cam:budget=0.5",
-                                  "curdkv:budget=0.5", "keyformer:budget=0.5", "squeeze:budget=0.5"])
+                                  "curdkv:budget=0.5", "keyformer:budget=0.5", "squeeze:budget=0.5", "zipcache"])
 def test_inexact_trim_is_declared(sharp_model, spec):
     """A per-sequence mean (turboquant center=True, set by the first chunk encoded) makes trimming inexact, and eviction
     methods cannot bring evicted tokens back: `is_trimmable()` is False, so mlx-lm's LRUPromptCache never trims it — it reuses only exact shorter prefixes."""
