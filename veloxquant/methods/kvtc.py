@@ -13,6 +13,7 @@ from ..cache import VQCache, register_cache_class, seal_state, verify_state
 from .svdq import SVDqKeyCodec, SVDqCache
 from .cachegen import encode_stream, decode_stream
 import veloxquant.lowrank as lowrank
+from mlx.utils import tree_flatten
 import veloxquant.rope as rope
 
 # %% auto #0
@@ -154,12 +155,7 @@ class KVTCCache(SVDqCache):
 
     def saved_nbytes(self) -> int:
         "Bytes of this layer's arrays as `save_prompt_cache` writes them (range-coded codes, bases, fp16 window and sinks)."
-        return sum(a.nbytes for a in _leaves(self.state))
-
-def _leaves(t):
-    if isinstance(t, dict):
-        for v in t.values(): yield from _leaves(v)
-    elif isinstance(t, mx.array): yield t
+        return sum(a.nbytes for _, a in tree_flatten(self.state) if isinstance(a, mx.array))
 
 def _make(config: KVCacheConfig):
     return KVTCCache(config)
