@@ -216,14 +216,16 @@ class VQCache(_BaseCache):
         if self._xk is None: return None
         return self._xk[:, :, :self._xkn] if self._xbuf else self._xk
     @k_exact.setter
-    def k_exact(self, a): self._xk, self._xkn, self._xbuf = a, (0 if a is None else a.shape[2]), False
+    def k_exact(self, a): self._unbuffer(); self._xk, self._xkn = a, (0 if a is None else a.shape[2])
     @property
     def v_exact(self):
         "The fp16 window's values [B, H, w, Dv] (None when empty)."
         if self._xv is None: return None
         return self._xv[:, :, :self._xvn] if self._xbuf else self._xv
     @v_exact.setter
-    def v_exact(self, a): self._xv, self._xvn, self._xbuf = a, (0 if a is None else a.shape[2]), False
+    def v_exact(self, a): self._unbuffer(); self._xv, self._xvn = a, (0 if a is None else a.shape[2])
+    def _unbuffer(self):  # the buffer's keys and values become plain arrays together: replacing one leaves the other exact
+        if self._xbuf: self._xk, self._xv, self._xbuf = self._xk[:, :, :self._xkn], self._xv[:, :, :self._xvn], False
 
     def _window_write(self, keys, values):
         """Write a decode step's float16 keys/values [B, H, T, D] after the window's tokens, in place into a preallocated
@@ -311,8 +313,7 @@ class VQCache(_BaseCache):
             if k.shape[2] == 0: return
         if self.window:
             k, v = k.astype(mx.float16), v.astype(mx.float16)
-            self.k_exact = k if self.k_exact is None else mx.concatenate([self.k_exact, k], axis=2)
-            self.v_exact = v if self.v_exact is None else mx.concatenate([self.v_exact, v], axis=2)
+            self.k_exact, self.v_exact = (k, v) if self.k_exact is None else (mx.concatenate([self.k_exact, k], axis=2), mx.concatenate([self.v_exact, v], axis=2))
             return
         if self.k_exact is not None:  # token_group leftovers (stored fp16) before the pending tokens
             k = mx.concatenate([self.k_exact.astype(k.dtype), k], axis=2)
@@ -320,8 +321,7 @@ class VQCache(_BaseCache):
         n_out = k.shape[2] - k.shape[2] % self._group()
         if n_out: self._encode_append(k[:, :, :n_out], v[:, :, :n_out])
         keep = k.shape[2] > n_out
-        self.k_exact = k[:, :, n_out:].astype(mx.float16) if keep else None
-        self.v_exact = v[:, :, n_out:].astype(mx.float16) if keep else None
+        self.k_exact, self.v_exact = (k[:, :, n_out:].astype(mx.float16), v[:, :, n_out:].astype(mx.float16)) if keep else (None, None)
 
     def _group(self) -> int: return max(self.k_codec.token_group, self.v_codec.token_group)
 
