@@ -282,12 +282,7 @@ def unpack_bits(words: mx.array, bits: int, n: int) -> mx.array:
     w = words.astype(mx.uint32)
     if full > w.shape[-1]: w = mx.concatenate([w, mx.zeros((*lead, full - w.shape[-1]), mx.uint32)], axis=-1)
     w = w.reshape(*lead, nch, bits)
-    if _on_gpu(): codes = _unpack_select(w, bits)  # the same codes without gathers (fuses under mx.compile)
-    else:
-        wi, wn, rs, ls, st = _unpack_plan(bits)
-        lo = mx.take(w, wi, axis=-1) >> rs
-        hi = mx.where(st, mx.take(w, wn, axis=-1) << ls, mx.array(0, mx.uint32))
-        codes = (lo | hi) & mx.array((1 << bits) - 1, mx.uint32)
+    codes = _unpack_select(w, bits)  # selects, not gathers: fuses under mx.compile on a GPU, and 2-7x faster on the CPU too
     return codes.reshape(*lead, nch * 32)[..., :n]
 
 def _on_gpu() -> bool: return mx.default_device().type == mx.gpu
@@ -301,7 +296,7 @@ def _select_plan(bits: int):
             mx.array(s.astype(np.uint32)), mx.array(np.where(straddle, 32 - s, 0).astype(np.uint32)), bool(straddle.any()))
 
 def _unpack_select(w: mx.array, bits: int) -> mx.array:
-    """Chunks of packed words [..., nch, bits] → codes [..., nch, 32], as `unpack_bits`'s gathers compute them, by
+    """Chunks of packed words [..., nch, bits] → codes [..., nch, 32], as the gathers of `_unpack_plan` compute them, by
     element-wise selects among the chunk's words (broadcast: `mx.compile` fuses it into one kernel with what follows)."""
     lo_m, hi_m, rs, ls, any_st = _select_plan(bits)
     lo = w[..., 0:1]
