@@ -63,23 +63,27 @@ def encode_us(S, B, m, reps=3):
         n = c.k_store.length; del c, k, v
     ts.sort(); return 1e6 * ts[len(ts) // 2], n
 
-for S in seq:
+def decode(S, B, m, stock):
+    mode(m); t0 = time.time()
+    try: r = benchmark_layer((["stock"] if stock is None else []) + [spec], seq_lens=(S,), batches=(B,), steps=16, progress=False, prefill_attention=False)
+    except Exception as e:
+        print(f"S={S} B={B} {m}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True); return stock
+    if stock is None: stock = r[0]; rows.append(dict(stock, kind="decode", mode="stock fp16 SDPA")); r = r[1:]
+    x = dict(r[0], kind="decode", mode=m, method=meta["spec"], ratio=stock["us"] / r[0]["us"], wall_s=round(time.time() - t0, 1))
+    rows.append(x); save()
+    print(f"decode S={S} B={B} {m:<9} {x['us']:9.0f} µs  stock {stock['us']:7.0f} µs  ×stock {x['ratio']:.3f}  KV {x['kv_bytes']/1e6:.0f} MB (stock {stock['kv_bytes']/1e6:.0f})", flush=True)
+    return stock
+
+def encode(S, B, m):
+    try: us, n = encode_us(S, B, m)
+    except Exception as e:
+        print(f"encode S={S} B={B} {m}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True); return
+    rows.append(dict(kind="encode", mode=m, method=meta["spec"], S=S, B=B, tokens=n, us=us)); save()
+    print(f"encode S={S} B={B} {m:<9} {us:9.0f} µs for {n} tokens", flush=True)
+
+for S in seq:      # the kernel rows first at every size (a run cut short keeps them), then the slower paths
     for B in batches:
-        stock = None
-        for m in MODES:
-            mode(m)
-            t0 = time.time()
-            try: r = benchmark_layer((["stock"] if stock is None else []) + [spec], seq_lens=(S,), batches=(B,), steps=16, progress=False, prefill_attention=False)
-            except Exception as e:
-                print(f"S={S} B={B} {m}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True); continue
-            if stock is None: stock = r[0]; rows.append(dict(stock, kind="decode", mode="stock fp16 SDPA")); r = r[1:]
-            x = dict(r[0], kind="decode", mode=m, method=meta["spec"], ratio=stock["us"] / r[0]["us"], wall_s=round(time.time() - t0, 1))
-            rows.append(x); save()
-            print(f"decode S={S} B={B} {m:<9} {x['us']:9.0f} µs  stock {stock['us']:7.0f} µs  ×stock {x['ratio']:.3f}  KV {x['kv_bytes']/1e6:.0f} MB (stock {stock['kv_bytes']/1e6:.0f})", flush=True)
-        for m in ("kernel", "reference"):
-            try: us, n = encode_us(S, B, m)
-            except Exception as e:
-                print(f"encode S={S} B={B} {m}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True); continue
-            rows.append(dict(kind="encode", mode=m, method=meta["spec"], S=S, B=B, tokens=n, us=us)); save()
-            print(f"encode S={S} B={B} {m:<9} {us:9.0f} µs for {n} tokens", flush=True)
+        stock = decode(S, B, "kernel", None)
+        encode(S, B, "kernel"); encode(S, B, "reference")
+        decode(S, B, "tiles", stock); decode(S, B, "reference", stock)
 mode("kernel"); save()
