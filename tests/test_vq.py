@@ -52,16 +52,19 @@ needs_gpu = pytest.mark.gpu
 
 
 @needs_gpu
-@pytest.mark.parametrize("B, H, N, d, K", [(1, 2, 5000, 8, 256), (2, 8, 70000, 4, 256), (1, 3, 999, 16, 37), (2, 1, 4096, 2, 256)])
+@pytest.mark.parametrize("B, H, N, d, K", [(1, 2, 5000, 8, 256), (2, 8, 20000, 4, 256), (1, 3, 999, 16, 37), (2, 1, 4096, 2, 256)])
 def test_pq_nearest_parity(B, H, N, d, K):
     rng = np.random.default_rng(3)
     x = mx.array(rng.standard_normal((B, H, N, d)).astype(np.float32)); cb = mx.array(rng.standard_normal((H, K, d)).astype(np.float32))
-    got, ref = np.array(vqm.pq_nearest(x, cb)), np.array(vqm.nearest(x, cb[None]))
+    got = np.array(vqm.pq_nearest(x, cb))
     assert got.dtype == np.uint8 and got.shape == (B, H, N)
     xs, c = np.array(x, np.float64), np.array(cb, np.float64)
-    dist = lambda a: ((xs - np.take_along_axis(np.broadcast_to(c[None], (B, H, K, d)), a.astype(np.int64)[..., None], 2)) ** 2).sum(-1)
-    assert (got == ref).mean() > 0.999                   # equal up to near-ties of the float32 sums
-    assert np.abs(dist(got) - dist(ref)).max() < 1e-4   # and then equally near
+    d2 = ((xs[:, :, :, None, :] - c[None, :, None]) ** 2).sum(-1)            # [B, H, N, K], float64 brute force
+    best = d2.argmin(-1)
+    # against the float64 truth, not the MLX reference: on the H200 the reference `nearest` (a float32 matmul) agreed
+    # with the kernel on 98.7-99.9 % of rows only (TF32 matmuls suspected); the kernel's float32 FMA sums are exact enough
+    assert (got == best).mean() > 0.999                                          # equal up to near-ties
+    assert (np.take_along_axis(d2, got[..., None].astype(np.int64), -1)[..., 0] - d2.min(-1)).max() < 1e-4
 
 
 def cache_pair(B, Hkv, rep, D, kd, vd, n, window, sinks, dtype, in_window):
