@@ -115,3 +115,30 @@ def test_vecinfer_cache_takes_the_kernels():
     finally: vqm.USE_KERNELS = None
     assert (np.array(got) == np.array(ref)).mean() > 0.999
     assert vqm.pq_fused_decode(kc, vc) is not None
+
+
+@pytest.mark.parametrize("be", ["cuda", "metal"])
+def test_failing_kernels_fall_back_to_the_reference(monkeypatch, be):
+    "With a GPU back-end pretended on the CPU both VQ kernels fail to build: one warning each, then the reference path's output."
+    import warnings
+    monkeypatch.setattr(gpu, "backend", lambda: be)
+    outs = []
+    for flag in (False, None):
+        gpu.FAILED.clear(); gpu._VERIFIED.clear(); monkeypatch.setattr(vqm, "USE_KERNELS", flag)
+        kc, vc = codecs(2, 64, 8, 8, seed=5)
+        c = VQCache(parse_method("fp16"), lambda a, b: (kc, vc), window=16, fused_decode=vqm.pq_fused_decode)
+        mx.random.seed(5)
+        k, v = (mx.random.normal((1, 2, 300, 64)).astype(mx.float16) for _ in "kv")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            c.update_and_fetch(k, v); c.attend(mx.random.normal((1, 8, 300, 64)).astype(mx.float16), k, v, 0.125, "causal")
+            for t in range(40):
+                k1, v1 = (mx.random.normal((1, 2, 1, 64)).astype(mx.float16) for _ in "kv")
+                c.update_and_fetch(k1, v1)
+                outs.append(c.attend(mx.random.normal((1, 8, 1, 64)).astype(mx.float16), k1, v1, 0.125, None))
+        names = {str(x.message).split("GPU kernel ")[1].split()[0] for x in w if "GPU kernel" in str(x.message)}
+        if flag is None: assert {"vq_pq_nearest", "vq_pq_decode"} <= names, names
+        else: assert not names & {"vq_pq_nearest", "vq_pq_decode"}
+    gpu.FAILED.clear(); gpu._VERIFIED.clear()
+    n = len(outs) // 2
+    for a, b in zip(outs[:n], outs[n:]): assert mx.array_equal(a, b).item()
