@@ -11,8 +11,7 @@ from ..core import MethodConfig, KVCacheConfig, register_method, check_int, chec
 from ..cache import Codec, VQCache, register_cache_class
 import veloxquant.calibrate as calibrate
 import veloxquant.rope as rope
-from .vecinfer import PQCodec, kmeans, sub_dim, PQ_BITS
-from .comm_vq import PreRopeCache
+from ..vq import PQCodec, kmeans, sub_dim, PQ_BITS, PreRopeCache
 from .turboquant import TurboQuantCodec, check_bits
 from ..quant import hadamard_like
 

@@ -12,11 +12,11 @@ from ..cache import Codec, VQCache, register_cache_class, seal_state
 from ..quant import pack_bits, unpack_bits
 import veloxquant.calibrate as calibrate
 import veloxquant.rope as rope
-from .vecinfer import nearest, kmeans
+from ..vq import nearest, kmeans, PreRopeCache
 
 # %% auto #0
-__all__ = ['CVQ_CODE_BITS', 'CALIBRATION', 'PreRopeCache', 'CommVQCache', 'METHOD', 'STANDARD_SETTINGS', 'CommVQConfig',
-           'n_codebooks', 'aq_encode', 'aq_decode', 'aq_train', 'comm_vq_calibration', 'AQCodec', 'CommVQKeyCodec']
+__all__ = ['CVQ_CODE_BITS', 'CALIBRATION', 'CommVQCache', 'METHOD', 'STANDARD_SETTINGS', 'CommVQConfig', 'n_codebooks',
+           'aq_encode', 'aq_decode', 'aq_train', 'comm_vq_calibration', 'AQCodec', 'CommVQKeyCodec']
 
 # %% ../../nbs/methods/comm_vq.ipynb #87dcac51
 CVQ_CODE_BITS = 4   # codewords per codebook: 2**4
@@ -204,51 +204,6 @@ class CommVQKeyCodec(AQCodec):
         return s.reshape(s.shape[0], Hkv, rep, L, t)
 
 # %% ../../nbs/methods/comm_vq.ipynb #e8a05845
-class PreRopeCache(VQCache):
-    """A `VQCache` for methods that need the layer's RoPE (`veloxquant.rope`): `use_rope(spec)` (called by
-    `KVCacheBuilder.for_model`) before the first update, which is refused without it; the spec is handed to a key
-    codec with a `bind` method and kept in the saved state (`rope`, JSON, under the state's checksum). Subclasses
-    override `_blocks`, so the batch layer refuses to merge them into a batch cache; decode steps take the reference
-    path (`_use_compiled` False)."""
-    rope_spec = None
-
-    def use_rope(self, spec: rope.RopeSpec) -> None:
-        "The layer's RoPE (a `veloxquant.rope.RopeSpec`), before the first update."
-        if not isinstance(spec, rope.RopeSpec): raise ValueError(f"use_rope needs a RopeSpec, got {type(spec).__name__}")
-        self.rope_spec = spec
-
-    def update_and_fetch(self, keys, values):
-        if self.rope_spec is None:
-            raise ValueError(f"{self.config.method} needs the layer's RoPE: build caches with "
-                             "KVCacheBuilder.for_model(model, config) or veloxquant.compress (they call use_rope)")
-        return super().update_and_fetch(keys, values)
-
-    def sliding_layer_cache(self):
-        "Called by the sliding-window / chunked wrappers (`veloxquant.sliding`) at build time: refused (see above)."
-        raise ValueError(f"method {self.config.method!r} quantizes keys before RoPE at positions counted from the start "
-                         "of the sequence; a sliding-window or chunked layer drops tokens from the start, which this "
-                         "position bookkeeping does not follow, so models with such layers are refused")
-
-    def _ensure_codecs(self, kd: int, vd: int):
-        new = self.k_codec is None
-        super()._ensure_codecs(kd, vd)
-        if new and self.rope_spec is not None and hasattr(self.k_codec, "bind"): self.k_codec.bind(self.rope_spec)
-
-    def _use_compiled(self) -> bool: return False
-
-    @property
-    def state(self):
-        st = VQCache.state.fget(self)
-        st["rope"] = rope.to_json(self.rope_spec) if self.rope_spec is not None else ""
-        return seal_state(st)
-
-    @state.setter
-    def state(self, st):
-        self.rope_spec = rope.from_json(st["rope"]) if st.get("rope") else None   # before the codecs are made
-        VQCache.state.fset(self, st)                      # verifies the checksum (which covers "rope")
-        if self.rope_spec is None and self.k_store.length:
-            raise ValueError(f"corrupt cache state: {self.config.method} codes stored without the layer's RoPE")
-
 class CommVQCache(PreRopeCache):
     "Keys encoded before RoPE (undone at their positions) and scored through the RoPE-commuting codebook (see above)."
     def _encode_append(self, k, v):
@@ -262,7 +217,6 @@ class CommVQCache(PreRopeCache):
             yield (lambda q, s=s, e=e: self.k_codec.scores_at(q, self.k_store.slice(s, e), self.n_sink + s),
                    lambda p, s=s, e=e: self.v_codec.mix(p, self.v_store.slice(s, e)), e - s)
 
-PreRopeCache = register_cache_class(PreRopeCache)
 CommVQCache = register_cache_class(CommVQCache)
 
 def _make(config: KVCacheConfig):

@@ -11,15 +11,13 @@ from ..core import MethodConfig, KVCacheConfig, register_method, check_int, chec
 from ..cache import Codec, VQCache
 from ..quant import hadamard_like
 import veloxquant.calibrate as calibrate
+from ..vq import PQ_CODE_BITS, PQ_BITS, sub_dim, nearest, kmeans, PQCodec, pq_fused_decode
 
 # %% auto #0
-__all__ = ['PQ_CODE_BITS', 'PQ_BITS', 'CALIBRATION', 'METHOD', 'STANDARD_SETTINGS', 'VecInferConfig', 'sub_dim', 'nearest',
-           'kmeans', 'smoothing', 'vecinfer_calibration', 'PQCodec']
+__all__ = ['CALIBRATION', 'METHOD', 'STANDARD_SETTINGS', 'VecInferConfig', 'smoothing', 'vecinfer_calibration']
 
 # %% ../../nbs/methods/vecinfer.ipynb #9362a555
-PQ_CODE_BITS = 8          # one byte per sub-vector code: 256 centroids
-PQ_BITS = (0.5, 1, 2, 4)  # bits per element = 8 / sub_dim
-
+# PQ_CODE_BITS, PQ_BITS and sub_dim: veloxquant.vq
 @dataclass
 class VecInferConfig(MethodConfig):
     """Options of `vecinfer`: `key_bits`, `value_bits` in {0.5, 1, 2, 4} bits per element of the product codes
@@ -42,42 +40,6 @@ class VecInferConfig(MethodConfig):
         check_int("iters", self.iters, 1, 1000); check_int("layer", self.layer, -1)
         if not isinstance(self.path, str): raise ValueError(f"path={self.path!r} must be a string (a file path, or '')")
 
-def sub_dim(bits) -> int:
-    "Channels per sub-vector for `bits` per element (one 8-bit code per sub-vector)."
-    return int(round(PQ_CODE_BITS / bits))
-
-# %% ../../nbs/methods/vecinfer.ipynb #95f3ab98
-def nearest(x: mx.array, cb: mx.array, chunk: int = 1 << 14) -> mx.array:
-    """Index of the nearest centroid (squared Euclidean) for `x` float32 `[G, N, d]` and codebooks `cb` `[G, K, d]`
-    (`G` broadcast): uint8 `[G, N]` for K ≤ 256, else int32. Chunks of `chunk` rows: the largest transient is
-    `[G, chunk, K]` scores (the `[N, K, d]` difference tensor is never formed)."""
-    cb = cb.astype(mx.float32)
-    half = 0.5 * (cb * cb).sum(-1)[..., None, :]                           # [G, 1, K]
-    cbt = cb.swapaxes(-1, -2)
-    dt = mx.uint8 if cb.shape[-2] <= 256 else mx.int32
-    out = [mx.argmax(x[..., s:s + chunk, :] @ cbt - half, axis=-1).astype(dt) for s in range(0, x.shape[-2], chunk)]
-    return out[0] if len(out) == 1 else mx.concatenate(out, axis=-1)
-
-def kmeans(x, k: int, iters: int = 15, seed: int = 0, max_samples: int = 8192) -> np.ndarray:
-    """Lloyd's k-means, batched: `x` `[G, N, d]` (numpy or mx, float32) → centroids float32 `[G, k, d]` (numpy).
-    At most `max_samples` rows per group are used (a random subset, the same for every group; 32 per centroid at
-    k = 256). Initialisation: `k` distinct random samples (with replacement when N < k); an empty cluster keeps its
-    previous centroid. Assignment by `nearest`; the update is a scatter-add of the rows into their clusters."""
-    rng = np.random.default_rng(seed)
-    x = np.asarray(x, np.float32)
-    if x.shape[1] > max_samples: x = x[:, np.sort(rng.choice(x.shape[1], max_samples, replace=False))]
-    X = mx.array(x)
-    G, N, d = X.shape
-    init = np.stack([rng.choice(N, k, replace=N < k) for _ in range(G)]).astype(np.int32)
-    cb = mx.take_along_axis(X, mx.array(init)[..., None], axis=1)              # [G, k, d]
-    gi = mx.broadcast_to(mx.arange(G)[:, None], (G, N))
-    for _ in range(iters):
-        a = nearest(X, cb).astype(mx.int32)                                      # [G, N]
-        sums = mx.zeros((G, k, d)).at[gi, a].add(X)
-        cnt = mx.zeros((G, k, 1)).at[gi, a].add(mx.ones((G, N, 1)))
-        cb = mx.where(cnt > 0, sums / mx.maximum(cnt, 1), cb)
-        mx.eval(cb)
-    return np.array(cb)
 
 # %% ../../nbs/methods/vecinfer.ipynb #1e17ce32
 def smoothing(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
@@ -112,79 +74,6 @@ def vecinfer_calibration(samples, options) -> dict:
 CALIBRATION = calibrate.register_calibration("vecinfer", vecinfer_calibration, fields=("key_bits", "value_bits", "iters"),
                                              collect=("keys", "values", "queries"))
 
-# %% ../../nbs/methods/vecinfer.ipynb #3993be11
-class PQCodec(Codec):
-    """Product-quantized vectors of one layer: `x' = (x ⊘ s) H` (`s` the per-channel smoothing `[H, D]` or None,
-    `H` the orthonormal Hadamard-like rotation of `veloxquant.quant.hadamard_like`) cut into `M = D/d` sub-vectors,
-    each stored as the uint8 index of its nearest centroid in the layer's codebook `cb` float16 `[H, 256, d]`
-    (`codes` uint8 `[B, H, T, M]`: `8·M` bits per vector). `scores(q, blk)` for `q` `[B, Hkv, rep, L, D]` is
-    `Σ_m T_m[code_m]` with the table `T = ((q ⊙ s) H)_m · cb` computed once per query (VecInfer, arXiv 2510.06175 §3).
-    `ValueError` for a head count other than the codebook's."""
-    compilable = True        # scores read their arguments and constant arrays only (the table memo is keyed by q)
-    decodes_exactly = True   # scores = q·decode(block)ᵀ up to float rounding
-
-    def __init__(self, head_dim: int, cb, smooth=None, chunk: int = 1024, name: str = "pq"):
-        super().__init__(head_dim)
-        cb = np.asarray(cb)
-        self.d = int(cb.shape[-1]); self.M = head_dim // self.d; self.K = int(cb.shape[-2])
-        if self.M * self.d != head_dim: raise ValueError(f"codebook sub-vectors of {self.d} do not tile head_dim {head_dim}")
-        if self.K > 256: raise ValueError(f"{self.K} centroids do not fit uint8 codes")
-        self.cb16 = mx.array(cb.astype(np.float16)); self.cb = self.cb16.astype(mx.float32)   # [H, K, d]
-        self.R = mx.array(hadamard_like(head_dim).astype(np.float32))
-        self.s16 = None if smooth is None else mx.array(np.asarray(smooth, np.float32))
-        self.chunk, self.name = chunk, name
-        self.offs = mx.arange(self.M, dtype=mx.uint32) * self.K
-        self._qkey = self._table = None
-
-    def _heads(self, H):
-        if H not in (1, self.cb.shape[0]):   # 1: the layout probe of a state being loaded
-            raise ValueError(f"{H} KV heads, but the calibration artifact has {self.cb.shape[0]}")
-
-    def transform(self, x):
-        "x [B, H, T, D] → x' = (x ⊘ s) H, float32."
-        x = x.astype(mx.float32)
-        if self.s16 is not None: x = x / self.s16[:x.shape[1]][None, :, None]
-        return x @ self.R
-
-    def encode(self, x):
-        B, H, T, D = x.shape
-        self._heads(H)
-        xs = self.transform(x).reshape(B, H, T * self.M, self.d)
-        rows = max(1, self.chunk) * self.M
-        codes = nearest(xs, self.cb[None, :H], rows)                                 # [B, H, T·M]
-        return {"codes": codes.reshape(B, H, T, self.M)}
-
-    def decode(self, blk):
-        c = blk["codes"]; B, H, t, M = c.shape
-        idx = c.astype(mx.uint32).reshape(B, H, t * M)
-        y = mx.take_along_axis(self.cb[None, :H], idx[..., None], axis=2).reshape(B, H, t, self.head_dim)   # x'
-        x = y @ self.R.T
-        return x * self.s16[:H][None, :, None] if self.s16 is not None else x
-
-    def table(self, q):
-        "T float32 [B, Hkv, rep·L, M·K] for q [B, Hkv, rep, L, D], once per query array."
-        if q is not self._qkey:
-            B, Hkv, rep, L, D = q.shape
-            qs = q * self.s16[None, :, None, None] if self.s16 is not None else q
-            qr = (qs @ self.R).reshape(B, Hkv, rep * L * self.M, self.d)              # q' sub-vectors
-            T = qr @ self.cb.swapaxes(-1, -2)[None]                                  # [B, Hkv, rep·L·M, K]
-            self._qkey, self._table = q, T.reshape(B, Hkv, rep * L, self.M * self.K)
-        return self._table
-
-    def scores(self, q, blk):
-        B, Hkv, rep, L, D = q.shape
-        T = self.table(q)
-        c = blk["codes"]; t = c.shape[2]
-        idx = (c.astype(mx.uint32) + self.offs).reshape(c.shape[0], Hkv, 1, t * self.M)
-        idx = mx.broadcast_to(idx, (T.shape[0], Hkv, rep * L, t * self.M))
-        s = mx.take_along_axis(T, idx, axis=-1).reshape(T.shape[0], Hkv, rep * L, t, self.M).sum(-1)
-        return s.reshape(T.shape[0], Hkv, rep, L, t)
-
-    def shared_artifacts(self):
-        out = {f"{self.name}/codebook": self.cb16, f"rotation/hadamard_like/d{self.head_dim}": self.R}  # one rotation per head_dim
-        if self.s16 is not None: out[f"{self.name}/smooth"] = self.s16
-        return out
-
 # %% ../../nbs/methods/vecinfer.ipynb #db5079af
 def _make(config: KVCacheConfig):
     cfg = config.options
@@ -196,7 +85,7 @@ def _make(config: KVCacheConfig):
             raise ValueError(f"head_dim {kd}/{vd} is not a multiple of the sub-vectors {sub_dim(cfg.key_bits)}/{sub_dim(cfg.value_bits)}")
         return (PQCodec(kd, t["key_codebook"], t["smooth"], cfg.chunk, f"vecinfer/layer{cfg.layer}/k"),
                 PQCodec(vd, t["value_codebook"], None, cfg.chunk, f"vecinfer/layer{cfg.layer}/v"))
-    return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
+    return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_decode=pq_fused_decode)  # the table-scored kernel on GPU back-ends
 
 METHOD = register_method("vecinfer", VecInferConfig, _make,
                          "VecInfer: smoothed + Hadamard-rotated keys and rotated values in product VQ (calibrated "

@@ -1,0 +1,203 @@
+#include <cooperative_groups.h>
+#include <cstdint>
+#include <cuda/std/array>
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+typedef unsigned int uint;
+typedef __half vq_half;
+#define VQ_SHARED __shared__
+#define VQ_SHARED_A16 __shared__ __align__(16)
+#define VQ_UNROLL _Pragma("unroll")
+#define VQ_UNROLL4 _Pragma("unroll 4")
+#define vq_barrier() __syncthreads()
+__device__ __forceinline__ float vq_simd_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ __forceinline__ float vq_simd_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float vq_simd_min(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fminf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+#define vq_simd_shuffle(x, i) __shfl_sync(0xffffffffu, (x), (i))
+#define vq_simd_shuffle_xor(x, m) __shfl_xor_sync(0xffffffffu, (x), (m))
+#define vq_ballot(p) __ballot_sync(0xffffffffu, (p))
+#define vq_popcount(x) __popc(x)
+__device__ __forceinline__ float vq_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float vq_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float vq_float(float x) { return x; }
+template <typename T> __device__ __forceinline__ T vq_from_float(float x) { return T(x); }
+template <> __device__ __forceinline__ __half vq_from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 vq_from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+#define vq_cast(T, x) vq_from_float<T>(x)
+#define vq_as_float(u) __uint_as_float((unsigned int)(u))
+#define vq_load2(p, i) (*reinterpret_cast<const uint2*>((p) + (i)))
+#define vq_load4(p, i) (*reinterpret_cast<const uint4*>((p) + (i)))
+#define vq_lds4(a, i) (*reinterpret_cast<const float4*>(&(a)[i]))
+#define VQ_NEG_INF (-__int_as_float(0x7f800000))
+typedef __half2 vq_h2;
+#define VQ_FN __device__ __forceinline__
+#define VQ_THREAD
+VQ_FN vq_h2 vq_h2_bits(uint u) { union { uint u; __half2 h; } x; x.u = u; return x.h; }
+VQ_FN uint vq_bits_h2(vq_h2 h) { union { uint u; __half2 h; } x; x.h = h; return x.u; }
+VQ_FN float2 vq_h2_float2(uint u) { return __half22float2(vq_h2_bits(u)); }
+#define vq_h2_fma(a, b, c) __hfma2((a), (b), (c))
+#define vq_h2_sub(a, b) __hsub2((a), (b))
+#define vq_h2_splat(x) __float2half2_rn(x)
+#define vq_h2_pair(lo, hi) __floats2half2_rn((lo), (hi))
+#define vq_byte_perm(a, b, s) __byte_perm((a), (b), (s))
+#define vq_exp2(x) exp2f(x)
+#define vq_load1(p, i) (*reinterpret_cast<const uint*>((p) + (i)))
+#define vq_device_fence() __threadfence()
+#define vq_atomic_inc(p) atomicAdd((unsigned int*)(p), 1u)
+#define vq_atomic_zero(p) atomicExch((unsigned int*)(p), 0u)
+#define vq_ld_cg(p) __ldcg(p)
+#define vq_simd_sync() __syncwarp()
+VQ_FN void vq_mma16816(float* c, const uint* a, uint b0, uint b1, uint lane) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+VQ_FN void vq_mma16816_emul(VQ_THREAD float* c, VQ_THREAD const uint* a, uint b0, uint b1, uint lane) {
+  const uint g = lane / 4, t = lane % 4;
+  for (uint kk = 0; kk < 4; kk++) {
+    const float2 a0 = vq_h2_float2(vq_simd_shuffle(a[0], g * 4 + kk)), a1 = vq_h2_float2(vq_simd_shuffle(a[1], g * 4 + kk));
+    const float2 a2 = vq_h2_float2(vq_simd_shuffle(a[2], g * 4 + kk)), a3 = vq_h2_float2(vq_simd_shuffle(a[3], g * 4 + kk));
+    const float2 x0 = vq_h2_float2(vq_simd_shuffle(b0, 8 * t + kk)), x1 = vq_h2_float2(vq_simd_shuffle(b1, 8 * t + kk));
+    const float2 y0 = vq_h2_float2(vq_simd_shuffle(b0, 8 * t + 4 + kk)), y1 = vq_h2_float2(vq_simd_shuffle(b1, 8 * t + 4 + kk));
+    c[0] += a0.x * x0.x + a0.y * x0.y + a2.x * x1.x + a2.y * x1.y;
+    c[1] += a0.x * y0.x + a0.y * y0.y + a2.x * y1.x + a2.y * y1.y;
+    c[2] += a1.x * x0.x + a1.y * x0.y + a3.x * x1.x + a3.y * x1.y;
+    c[3] += a1.x * y0.x + a1.y * y0.y + a3.x * y1.x + a3.y * y1.y;
+  }
+}
+
+VQ_FN uint vq_code(VQ_THREAD const uint* w, int bit, int bits) {   // code at bit offset `bit` of an LSB-first word array
+  uint x = w[bit >> 5] >> (bit & 31);
+  if ((bit & 31) + bits > 32) x |= w[(bit >> 5) + 1] << (32 - (bit & 31));
+  return x & ((1u << bits) - 1u);
+}
+namespace mlx::core::cu {
+
+namespace cg = cooperative_groups;
+using Shape = cuda::std::array<int32_t, 8>;  // as MLX's device/utils.cuh
+
+__global__ void vq_pq_decode(
+    const float* tab,
+    const uint8_t* kc,
+    const __grid_constant__ Shape kc_shape,
+    const uint8_t* vc,
+    const float* vcb,
+    const uint8_t* nref,
+    const __grid_constant__ Shape nref_shape,
+    float* out_m,
+    float* out_l,
+    float* out_acc) {
+  constexpr int KSUB = 16;
+  constexpr int NC = 256;
+  constexpr int VSUB = 16;
+  constexpr int VD = 8;
+  constexpr int DV = 128;
+  constexpr int REP = 4;
+  constexpr int NW = 4;
+  constexpr int SPLIT = 256;
+  constexpr int SCALE = 0;
+
+const uint vq_lane = threadIdx.x % 32, vq_warp = threadIdx.x / 32, vq_tid = threadIdx.x;
+const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
+
+// Chunk partials of one decode step over product-VQ codes, scored from a query × centroid table (no key is decoded).
+// tab [ROWS, KSUB·NC] float32: row = bh·REP + r, entry m·NC + c = q'_m·C[c] times scale·log2(e) (computed once per step);
+// kc [B, Hkv, CAP, KSUB] uint8 key codes (KSUB a multiple of 4: read as words); vc [B, Hkv, CAP, VSUB] uint8 value codes;
+// vcb [Hkv, NC, VD] float32 value codebooks (the rotated domain: the merge undoes the rotation); tokens [0, n), n = nref_shape[0].
+// One threadgroup of NW simdgroups per (chunk of SPLIT tokens, bh). Scores: each lane one token (32 a simdgroup step),
+// s_r = Σ_m tab[r, m·NC + code_m]; values: lanes own DV/32 channels, the tokens' weights broadcast by shuffles, the
+// centroids read from threadgroup memory. Out as every decode kernel's partials: out_m (natural log), out_l, out_acc.
+constexpr int VPL = DV / 32, MK = KSUB * NC;
+VQ_SHARED float wm[NW * REP], wl[NW * REP], wacc[NW * REP * DV], cbs[NC * VD];
+const int chunk = vq_group_x, bh = vq_group_y;
+const int Hkv = kc_shape[1], CAP = kc_shape[2], h = bh % Hkv;
+const int n = nref_shape[0], ns = (n + SPLIT - 1) / SPLIT;
+for (int i = vq_tid; i < NC * VD; i += 32 * NW) cbs[i] = vcb[(long)h * NC * VD + i];
+vq_barrier();
+float m[REP], l[REP], acc[REP][VPL], p[REP];
+VQ_UNROLL
+for (int r = 0; r < REP; r++) {
+  m[r] = VQ_NEG_INF; l[r] = 0.0f;
+  VQ_UNROLL
+  for (int k = 0; k < VPL; k++) acc[r][k] = 0.0f;
+}
+const int t0 = chunk * SPLIT, t1 = min(n, t0 + SPLIT);
+for (int tb = t0 + 32 * (int)vq_warp; tb < t1; tb += 32 * NW) {
+  const int t = tb + (int)vq_lane;
+  const bool ok = t < t1;
+  float s[REP];
+  VQ_UNROLL
+  for (int r = 0; r < REP; r++) s[r] = 0.0f;
+  if (ok) {
+    const long co = ((long)bh * CAP + t) * KSUB;
+    for (int w = 0; w < KSUB / 4; w++) {
+      const uint word = vq_load1(kc, co + 4 * w);
+      VQ_UNROLL
+      for (int b = 0; b < 4; b++) {
+        const int idx = (4 * w + b) * NC + (int)((word >> (8 * b)) & 0xffu);
+        VQ_UNROLL
+        for (int r = 0; r < REP; r++) s[r] += tab[((long)bh * REP + r) * MK + idx];
+      }
+    }
+  }
+  VQ_UNROLL
+  for (int r = 0; r < REP; r++) {
+    const float sv = ok ? s[r] : VQ_NEG_INF;
+    const float mn = fmax(m[r], vq_simd_max(sv)), c = vq_exp2(m[r] - mn);
+    p[r] = ok ? vq_exp2(sv - mn) : 0.0f;
+    l[r] = l[r] * c + vq_simd_sum(p[r]);
+    m[r] = mn;
+    VQ_UNROLL
+    for (int k = 0; k < VPL; k++) acc[r][k] *= c;
+  }
+  const int cnt = min(32, t1 - tb);
+  for (int j = 0; j < cnt; j++) {
+    float pj[REP];
+    VQ_UNROLL
+    for (int r = 0; r < REP; r++) pj[r] = vq_simd_shuffle(p[r], j);
+    const long vo = ((long)bh * CAP + tb + j) * VSUB;
+    VQ_UNROLL
+    for (int k = 0; k < VPL; k++) {
+      const int ch = (int)vq_lane * VPL + k;
+      const float y = cbs[(int)vc[vo + ch / VD] * VD + ch % VD];
+      VQ_UNROLL
+      for (int r = 0; r < REP; r++) acc[r][k] += pj[r] * y;
+    }
+  }
+}
+VQ_UNROLL
+for (int r = 0; r < REP; r++) {
+  if (vq_lane == 0) { wm[vq_warp * REP + r] = m[r]; wl[vq_warp * REP + r] = l[r]; }
+  VQ_UNROLL
+  for (int k = 0; k < VPL; k++) wacc[(vq_warp * REP + r) * DV + vq_lane * VPL + k] = acc[r][k];
+}
+vq_barrier();
+for (int i = vq_tid; i < REP * DV; i += 32 * NW) {
+  const int r = i / DV;
+  float M = VQ_NEG_INF;
+  for (int w = 0; w < NW; w++) M = fmax(M, wm[w * REP + r]);
+  float L = 0.0f, A = 0.0f;
+  if (M > VQ_NEG_INF) {
+    for (int w = 0; w < NW; w++) {
+      const float e = wm[w * REP + r] > VQ_NEG_INF ? vq_exp2(wm[w * REP + r] - M) : 0.0f;
+      L += wl[w * REP + r] * e; A += wacc[(w * REP + r) * DV + i % DV] * e;
+    }
+  }
+  const long row = (long)bh * REP + r;
+  out_acc[(row * ns + chunk) * DV + i % DV] = A;
+  if (i % DV == 0) { out_m[row * ns + chunk] = M * 0.6931471805599453f; out_l[row * ns + chunk] = L; }
+}
+
+}
+
+} // namespace mlx::core::cu
