@@ -21,7 +21,7 @@ __all__ = ['RQ_BASES', 'RQ_GRANULARITY', 'CALIBRATION', 'METHOD', 'STANDARD_SETT
 
 # %% ../../nbs/methods/ratequant.ipynb #abca57c1
 RQ_BASES = {"affine": AFFINE_BITS, "turboquant": TQ_BITS}  # the underlying quantizers and the bit widths each codes
-RQ_GRANULARITY = ("head", "layer")
+RQ_GRANULARITY = ("head", "layer", "head_split")
 
 @dataclass
 class RateQuantConfig(MethodConfig):
@@ -29,7 +29,8 @@ class RateQuantConfig(MethodConfig):
     nominal bits per key/value element over all layers, heads, keys and values (the base's per-vector scales / norms
     come on top, the same for every width); the candidate widths are the base's own (affine {2, 3, 4, 5, 6, 8},
     turboquant {1, 1.5, …, 4}) within [`min_bits`, `max_bits`]; `granularity` 'head' (one width per layer, KV head
-    and side) or 'layer' (per layer and side); `group_size` of affine (32, 64, 128); `seed` of TurboQuant's
+    and side, keys and values sharing the budget), 'layer' (per layer and side) or 'head_split' (per head, keys and
+    values each held at `bits`: no trade between them); `group_size` of affine (32, 64, 128); `seed` of TurboQuant's
     rotation; `window` ≥ 0 (default 64) recent tokens and `sinks` ≥ 0 first tokens in fp16; `path` of the calibration
     artifact ('' = the cache directory's, found for the model by `KVCacheBuilder.for_model`); `layer` (−1: set per
     layer by the builder). The artifact (the allocation) depends on every field but window, sinks, path and layer."""
@@ -167,7 +168,7 @@ def distortion_curves(x, fisher, options, widths) -> np.ndarray:
 def ratequant_calibration(samples, options) -> dict:
     """The sensitivity probe and the allocation (`veloxquant.calibrate`): per layer and side the distortion curves
     (`distortion_curves`), then `allocate` over all (layer, side, head) units — (layer, side) with 'layer' granularity —
-    with a budget of `bits` × all elements. Tensors: `layer{i}/key_bits`, `layer{i}/value_bits` float32 [H] (the
+    with a budget of `bits` × all elements ('head_split': one for the keys, one for the values). Tensors: `layer{i}/key_bits`, `layer{i}/value_bits` float32 [H] (the
     widths), `layer{i}/key_curve`, `layer{i}/value_curve` float32 [H, C], and `widths` float32 [C]."""
     widths = candidate_bits(options.base, options.min_bits, options.max_bits)
     curves, sizes, where = [], [], []
@@ -181,7 +182,11 @@ def ratequant_calibration(samples, options) -> dict:
         U = [cv.sum(0, keepdims=True) for cv in curves]; n = [sz.sum(keepdims=True) for sz in sizes]
     else: U, n = curves, sizes
     Dm, nv = np.concatenate(U), np.concatenate(n)
-    j = allocate(Dm, widths, nv, options.bits * nv.sum())
+    if options.granularity == "head_split":  # keys and values: two budgets of `bits` each
+        side = np.concatenate([np.full(len(m), w[1] == "key") for m, w in zip(U, where)])
+        j = np.zeros(len(Dm), np.int64)
+        for m in (side, ~side): j[m] = allocate(Dm[m], widths, nv[m], options.bits * nv[m].sum())
+    else: j = allocate(Dm, widths, nv, options.bits * nv.sum())
     out, k = {"widths": np.array(widths, np.float32)}, 0
     for (i, side, H), cv, m in zip(where, curves, U):
         b = np.array(widths)[j[k:k + len(m)]]; k += len(m)
@@ -193,7 +198,7 @@ CALIBRATION = calibrate.register_calibration(
     "ratequant", ratequant_calibration, fields=("base", "bits", "min_bits", "max_bits", "granularity", "group_size", "seed"),
     collect=("keys", "values", "key_fisher", "value_fisher"))
 
-# %% ../../nbs/methods/ratequant.ipynb #2a3e5eb5
+# %% ../../nbs/methods/ratequant.ipynb #d7326772
 def split_codec(options, head_dim: int, widths):
     "The `veloxquant.heads.HeadSplitCodec` of one side of one layer: the base quantizer at each head's width (`widths` [H])."
     groups = heads.head_groups(widths)
