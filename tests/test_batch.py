@@ -19,7 +19,8 @@ CROSS_LAYER = [m for m in vq.method_ids() if isinstance(vq.KVCacheConfig(m).make
 # refused when the batch cache is built: codecs that encode token groups, or keep per-sequence statistics
 GROUPED = {m for m in vq.method_ids() if getattr(vq.get_method(m).config_cls, "token_grouped", False) or keeps_sequence_state(m)}
 SPECS = [*(m for m in uncalibrated(vq.method_ids()) if m not in EVICTION and m not in CROSS_LAYER), "fp16:reference=True", "affine:key_bits=4,value_bits=4,window=8",
-         "turboquant:window=16", "vecinfer:iters=3"]  # a calibrated method: calibrated on the model in the test
+         "turboquant:window=16", "vecinfer:iters=3",
+         "ratequant:bits=2.5,window=16", "ratequant:base=affine,bits=3"]  # calibrated methods: calibrated on the model in the test
 PROMPTS = [[(7 * i + 3 * j) % 128 for j in range(n)] for i, n in enumerate([37, 5, 70, 18])]
 
 

@@ -118,6 +118,8 @@ def recorders(model, collect=("keys",)) -> list:
 class _GradCache:
     "One window's stand-in cache for the Fisher pass: the new keys/values plus the differentiated perturbations `dk`, `dv`."
     def __init__(self, dk, dv, window_size=None): self.offset, self.dk, self.dv, self.window_size = 0, dk, dv, window_size
+    start_position = 0  # a chunked-attention layer (llama4) reads it and trims its front before each window: nothing to trim here
+    def maybe_trim_front(self): pass
     def update_and_fetch(self, keys, values):
         self.offset += keys.shape[2]
         return keys + self.dk.astype(keys.dtype), values + self.dv.astype(values.dtype)
