@@ -164,3 +164,23 @@ def test_prerope_lowrank_family(family, spec):
     assert mx.isfinite(out).all().item()
     coded = [c for c in caches if getattr(c, "k_store", None) is not None and c.k_store.length]
     assert coded and all(c.rope_spec is not None and c.k_codec.fitted() for c in coded)
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3", "qwen3", "gemma3_text", "llama_swa"])
+@pytest.mark.parametrize("spec", ["palu:quant_group=32", "palu:quant_group=32,bits=16,lrd_heads=1,ratio=0.25,sinks=2"])
+def test_palu_family(family, spec, tmp_path):
+    """palu calibrated on each family's random model: keys rotated back with each layer's own RoPE, their latent coded,
+    attended with RoPE re-applied per tile, values mixed in the latent; sliding layers stay fp16 within their window."""
+    from veloxquant.core import parse_method
+    from veloxquant.calibrate import calibrate
+    from veloxquant.sliding import RotatingVQCache
+    model = build(family)
+    cfg = parse_method(spec)
+    path = calibrate(cfg, model, tokens=list(range(1, 97)), window=48, out=tmp_path / "palu.safetensors", progress=False)
+    caches = vq.KVCacheBuilder.for_model(model, vq.KVCacheConfig("palu", **{**cfg.options.to_dict(), "path": str(path)}))
+    out = run_long(model, caches)  # 48 tokens in prefill chunks and decode steps
+    assert out.shape[:2] == (1, 48) and mx.isfinite(out).all().item()
+    coded = [c for c in caches if getattr(c, "k_store", None) is not None and c.k_store.length]
+    assert coded and all(c.rope_spec is not None for c in coded)
+    for c in caches:
+        if isinstance(c, RotatingVQCache): assert c.stored <= c.max_size - 1 + c.evict_every and not c.inner.k_store.length

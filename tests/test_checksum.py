@@ -107,7 +107,7 @@ def test_every_method_seals_its_state(mid, tiny_model, tmp_path):
 
 
 @pytest.mark.parametrize("spec", ["vecinfer:iters=3", "comm_vq:em=1,iters=3", "a2ats:top_k=40,iters=3", "kvquant", "skvq",
-                                  "ratequant:bits=2.5"])
+                                  "ratequant:bits=2.5", "palu"])
 def test_calibrated_method_seals_its_state(spec, tiny_model, tmp_path):
     "Calibrated methods (artifact made on the tiny model): a saved cache loads without warning; an edited code array is refused."
     from veloxquant.core import parse_method
