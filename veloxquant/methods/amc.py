@@ -4,11 +4,12 @@
 
 # %% ../../nbs/methods/amc.ipynb #amc0003
 from __future__ import annotations
+import math
 from dataclasses import dataclass
 import mlx.core as mx
-from ..core import MethodConfig, KVCacheConfig, register_method, check_int
+from ..core import MethodConfig, KVCacheConfig, register_method, check_int, check_choice
 from ..cache import Codec, VQCache, register_cache_class, seal_state, verify_state
-from ..channel import TOKEN_GROUPS, check_token_group, spread, gather
+from ..channel import check_token_group, spread, gather
 import veloxquant.lowrank as lowrank
 
 # %% auto #0
@@ -42,6 +43,7 @@ class AMCConfig(MethodConfig):
     min_tokens: int = 256
     window: int = 64
     sinks: int = 0
+    saliency: str = "l1"
     sequence_state = True  # not a field: the bases are fitted on this sequence's first coded block (batching refused)
     token_grouped = True   # not a field: tokens are coded in groups (a sliding layer keeps its tokens in the fp16 window)
     def validate(self):
@@ -56,14 +58,13 @@ class AMCConfig(MethodConfig):
                 raise ValueError(f"{kind}_top={a!r}, {kind}_mid={b!r}, {kind}_low={c!r}: allowed: non-increasing "
                                  f"(a more salient tier never gets fewer {'directions' if kind == 'rank' else 'bits'})")
         check_int("min_tokens", self.min_tokens, 1); check_int("window", self.window, self.group_size)
-        check_int("sinks", self.sinks, 0)
+        check_int("sinks", self.sinks, 0); check_choice("saliency", self.saliency, ("l1", "random"))
     def counts(self) -> tuple:
         "Tokens per group in tiers 0, 1, 2: (round(top·G), round((top+mid)·G) − that, the rest)."
         G = self.group_size; n0 = int(round(self.top * G)); n01 = min(G, max(n0, int(round((self.top + self.mid) * G))))
         return n0, n01 - n0, G - n01
     def tiers(self, head_dim: int) -> tuple:
         "((count, rank, bits) for tiers 0, 1, 2) at `head_dim`: rank = ⌈rank_<tier>·head_dim⌉ (at least 1)."
-        import math
         return tuple((n, max(1, min(head_dim, math.ceil(getattr(self, f"rank_{t}") * head_dim - 1e-9))), getattr(self, f"bits_{t}"))
                      for n, t in zip(self.counts(), _TIERS))
 
@@ -202,7 +203,11 @@ class AMCCache(VQCache):
         if self.k_codec is not None and not self.k_codec.fitted() and m < self.config.options.min_tokens: return 0
         return super().code_target(m)
     def _encode_append(self, k, v):
-        order = tier_order(l1_saliency(k, v, self.k_codec.G), self.k_codec.G)
+        G = self.k_codec.G
+        if self.config.options.saliency == "random":  # the control: a draw seeded by the block's first position
+            sal = mx.random.uniform(shape=k.shape[:3], key=mx.random.key(self.n_sink + self.k_store.length))
+        else: sal = l1_saliency(k, v, G)
+        order = tier_order(sal, G)
         self.k_codec.order = self.v_codec.order = order
         super()._encode_append(k, v)
     def is_trimmable(self): return True
