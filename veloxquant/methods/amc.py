@@ -42,7 +42,7 @@ class AMCConfig(MethodConfig):
     bits_low: int = 3
     min_tokens: int = 256
     window: int = 64
-    sinks: int = 0
+    sinks: int = 4
     saliency: str = "l1"
     sequence_state = True  # not a field: the bases are fitted on this sequence's first coded block (batching refused)
     token_grouped = True   # not a field: tokens are coded in groups (a sliding layer keeps its tokens in the fp16 window)
