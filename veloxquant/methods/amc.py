@@ -31,7 +31,7 @@ class AMCConfig(MethodConfig):
     codes them with `bits_<tier>` bits (`bits_top`, `bits_mid`, `bits_low` integers in [1, 8], non-increasing).
     `min_tokens` ≥ 1: tokens stay fp16 until this many (after the sinks) are held, then the first block to leave the
     window fits the bases; `window` ≥ group_size recent tokens and `sinks` ≥ 0 first tokens in fp16 (default 4: with
-    none, the default model's KL is 16 times worse, see the notebook)."""
+    none, the default model's KL is 18 times higher, 0.79 against 0.045, see the notebook)."""
     group_size: int = 64
     top: float = 0.1
     mid: float = 0.4
