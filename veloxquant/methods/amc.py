@@ -45,6 +45,7 @@ class AMCConfig(MethodConfig):
     window: int = 64
     sinks: int = 4
     saliency: str = "l1"
+    grid: str = "midrise"
     sequence_state = True  # not a field: the bases are fitted on this sequence's first coded block (batching refused)
     token_grouped = True   # not a field: tokens are coded in groups (a sliding layer keeps its tokens in the fp16 window)
     def validate(self):
@@ -60,6 +61,8 @@ class AMCConfig(MethodConfig):
                                  f"(a more salient tier never gets fewer {'directions' if kind == 'rank' else 'bits'})")
         check_int("min_tokens", self.min_tokens, 1); check_int("window", self.window, self.group_size)
         check_int("sinks", self.sinks, 0); check_choice("saliency", self.saliency, ("l1", "random"))
+        check_choice("grid", self.grid, ("midrise", "midtread"))
+        if self.grid == "midtread" and self.bits_low < 2: raise ValueError(f"bits_low={self.bits_low!r} with grid='midtread'; allowed: at least 2")
     def counts(self) -> tuple:
         "Tokens per group in tiers 0, 1, 2: (round(top·G), round((top+mid)·G) − that, the rest)."
         G = self.group_size; n0 = int(round(self.top * G)); n01 = min(G, max(n0, int(round((self.top + self.mid) * G))))
@@ -109,10 +112,10 @@ class AMCCodec(Codec):
     value is rebuilt); `decode` rebuilds them (tests, the GPU paths that attend to decoded tiles)."""
     sequence_state = True    # codes depend on the basis fitted on this sequence's first coded block
     decodes_exactly = True   # scores/mix equal attention over decode(block) (in float32, up to rounding)
-    def __init__(self, head_dim: int, G: int, tiers: tuple):
-        check_token_group(G)
+    def __init__(self, head_dim: int, G: int, tiers: tuple, grid: str = "midrise"):
+        check_token_group(G); check_choice("grid", grid, ("midrise", "midtread"))
         super().__init__(head_dim)
-        self.G, self.tiers, self.token_group = G, tuple(tiers), G
+        self.G, self.tiers, self.token_group, self.grid = G, tuple(tiers), G, grid
         self.rmax = max(r for n, r, b in self.tiers if n) if any(n for n, _, _ in self.tiers) else 1
         self.mean = self.basis = None
         self.order = None
@@ -143,10 +146,18 @@ class AMCCodec(Codec):
             if not n: continue
             zi = z[:, :, :, o:o + n, :r]; o += n
             c = mx.abs(zi).max(-1, keepdims=True).astype(mx.float16)                               # [B, H, ng, n, 1]
-            step = mx.maximum(c.astype(mx.float32) * (2.0 / (1 << b)), 1e-30)
-            codes = lowrank.quantize_latent(zi, (b,) * r, step)
+            codes = self._quantize(zi, b, c.astype(mx.float32))
             parts += [c[..., 0], lowrank.pack_varbits(codes, (b,) * r)]
         return {"p": spread(parts, G)}
+    def _quantize(self, z, b, c):
+        "Codes uint32 of z [..., r] with b bits and the per-token scale c [..., 1] (float32) on this codec's grid."
+        if self.grid == "midrise": return lowrank.quantize_latent(z, (b,) * z.shape[-1], mx.maximum(c * (2.0 / (1 << b)), 1e-30))
+        M = (1 << (b - 1)) - 1; d = mx.maximum(c / M, 1e-30)
+        return (mx.clip(mx.round(z / d), -M, M) + M).astype(mx.uint32)
+    def _dequantize(self, codes, b, c):
+        if self.grid == "midrise": return lowrank.dequantize_latent(codes, (b,) * codes.shape[-1], mx.maximum(c * (2.0 / (1 << b)), 1e-30))
+        M = (1 << (b - 1)) - 1
+        return (codes.astype(mx.float32) - M) * mx.maximum(c / M, 1e-30)
     def latent(self, blk) -> tuple:
         "(ẑ float32 [B, H, t, r₀] in tier order within each group (dropped coordinates 0), order int32 [B, H, t/G, G])."
         B, H, t, _ = blk["p"].shape
@@ -155,8 +166,7 @@ class AMCCodec(Codec):
         for n, r, b in self.tiers:
             if not n: continue
             c, codes = parts[k], parts[k + 1]; k += 2
-            step = mx.maximum(mx.expand_dims(c.astype(mx.float32), -1) * (2.0 / (1 << b)), 1e-30)
-            zi = lowrank.dequantize_latent(lowrank.unpack_varbits(codes, (b,) * r), (b,) * r, step)
+            zi = self._dequantize(lowrank.unpack_varbits(codes, (b,) * r), b, mx.expand_dims(c.astype(mx.float32), -1))
             if r < self.rmax: zi = mx.concatenate([zi, mx.zeros((*zi.shape[:-1], self.rmax - r), mx.float32)], -1)
             zs.append(zi)
         z = mx.concatenate(zs, axis=3) if len(zs) > 1 else zs[0]                                  # [B, H, ng, G, r₀]
@@ -198,7 +208,7 @@ class AMCCache(VQCache):
     compiled_decode = False  # the codecs' scores/mix read bases fitted at run time (not compilable)
     def __init__(self, config: KVCacheConfig):
         cfg = config.options
-        mk = lambda kd, vd: (AMCCodec(kd, cfg.group_size, cfg.tiers(kd)), AMCCodec(vd, cfg.group_size, cfg.tiers(vd)))
+        mk = lambda kd, vd: (AMCCodec(kd, cfg.group_size, cfg.tiers(kd), cfg.grid), AMCCodec(vd, cfg.group_size, cfg.tiers(vd), cfg.grid))
         super().__init__(config, mk, window=cfg.window, sinks=cfg.sinks)
     def code_target(self, m: int) -> int:
         if self.k_codec is not None and not self.k_codec.fitted() and m < self.config.options.min_tokens: return 0
