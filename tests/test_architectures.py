@@ -184,3 +184,17 @@ def test_palu_family(family, spec, tmp_path):
     assert coded and all(c.rope_spec is not None for c in coded)
     for c in caches:
         if isinstance(c, RotatingVQCache): assert c.stored <= c.max_size - 1 + c.evict_every and not c.inner.k_store.length
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3", "qwen3", "gemma3_text", "llama_swa"])
+def test_amc_family(family):
+    """amc with its bases fitted on the first 32 coded tokens (its defaults wait for 256, so test_family leaves it in fp16):
+    keys and values coded in three tiers and attended over the latent codes; sliding layers stay fp16."""
+    from veloxquant.core import parse_method
+    model = build(family)
+    caches = vq.KVCacheBuilder.for_model(model, parse_method("amc:group_size=32,window=32,min_tokens=8"))
+    ids = mx.array([[(5 * i) % 90 + 3 for i in range(100)]])
+    out = mx.concatenate([model(ids[:, :80], cache=caches)] + [model(ids[:, t:t + 1], cache=caches) for t in range(80, 100)], 1)
+    assert mx.isfinite(out).all().item()
+    coded = [c for c in caches if getattr(c, "k_store", None) is not None and c.k_store.length]
+    assert coded and all(c.k_codec.fitted() and c.v_codec.fitted() for c in coded)

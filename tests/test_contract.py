@@ -73,7 +73,8 @@ def test_fp16_bit_identical_tiny(tiny_model):
                                   "zipcache:group_size=32,window=32", "zipcache:group_size=64,window=64,salient=0.5,sinks=2",
                                   "chunkkv:budget=0.3,window=8,chunk=5", "curdkv:budget=0.4", "keyformer:budget=0.5",
                                   "cam:budget=0.5,merge_budget=4", "cam:budget=0.4,quantizer=turboquant:key_bits=3+value_bits=3",
-                                  "squeeze:budget=0.5"])
+                                  "squeeze:budget=0.5",
+                                  "amc:group_size=32,window=32,min_tokens=64", "amc:top=0.25,mid=0.5,bits_low=2,rank_low=0.25,window=64,sinks=3"])
 def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec)
@@ -140,7 +141,7 @@ def test_corrupt_state_refused(tiny_model):
 
 @pytest.mark.parametrize("spec", ["fp16", "affine:key_bits=4,value_bits=4", "rabitq", "rabitq:window=0", "xquant",
                                   "minicache:start=0.0", "xkv:layers=2", "svdq:min_tokens=16,window=8",
-                                  "kvtc:min_tokens=16,window=8,sinks=0"])
+                                  "kvtc:min_tokens=16,window=8,sinks=0", "amc:group_size=32,window=32,min_tokens=16"])
 def test_trim_then_continue(tiny_model, spec):
     from veloxquant.core import parse_method
     cfg = parse_method(spec); toks = list(range(10, 70))
