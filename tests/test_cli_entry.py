@@ -48,7 +48,28 @@ def test_prompt_cache_file_abbreviated_repeated_or_other_method(tmp_path):
     assert prompt_cache_file_refusal(["--prompt-cache-file", str(stock)], vq.KVCacheConfig("fp16")) is None  # fp16: nothing to compress
 
 
-def test_methods_with_a_prompt_pass_are_refused_by_generate():
+def test_methods_with_a_prompt_pass_are_refused_only_with_a_saved_prompt_cache_or_a_draft_model():
     from veloxquant.cli import prompt_pass_refusal
-    assert "pass of its own" in prompt_pass_refusal(vq.parse_method("kvzip:budget=0.5"))
-    assert prompt_pass_refusal(vq.KVCacheConfig("affine")) is None and prompt_pass_refusal(vq.parse_method("snapkv:budget=0.5")) is None
+    kz = vq.parse_method("kvzip:budget=0.5")
+    assert prompt_pass_refusal(kz) is None and prompt_pass_refusal(kz, ["--prompt", "x", "--max-tokens", "4"]) is None
+    assert "--prompt-cache-file" in prompt_pass_refusal(kz, ["--prompt-cache-file", "p.safetensors"])
+    assert "--prompt-c" in prompt_pass_refusal(kz, ["--prompt-c=p.safetensors"])
+    assert "--draft-model" in prompt_pass_refusal(kz, ["--draft-model", "m"])
+    assert prompt_pass_refusal(vq.KVCacheConfig("affine"), ["--prompt-cache-file", "p"]) is None
+    assert prompt_pass_refusal(vq.parse_method("snapkv:budget=0.5"), ["--draft-model", "m"]) is None
+
+
+def test_generate_runs_kvzip_prompt_pass_before_the_first_token(real, monkeypatch, recwarn):
+    "Stock mlx-lm generation with the wrapped generate_step: KVzip's caches are zipped, no 'kept whole' warning."
+    import importlib, mlx_lm
+    g = importlib.import_module("mlx_lm.generate")  # the module (the package re-exports a function of that name)
+    from veloxquant.cli import with_prompt_passes
+    model, tok, toks = real
+    monkeypatch.setattr(g, "generate_step", with_prompt_passes(g.generate_step, tok))
+    caches = vq.KVCacheBuilder.for_model(model, vq.parse_method("kvzip:budget=0.5"))
+    out = mlx_lm.generate(model, tok, toks[:200], max_tokens=3, prompt_cache=caches, verbose=False)
+    assert isinstance(out, str)
+    assert not [w for w in recwarn if "kept whole" in str(w.message)]
+    assert all(c.zipped and c.offset >= 201 for c in caches)
+    kept = [len([p for p in head if p < 199]) for c in caches for head in c.kept_positions()[0]]
+    assert 0.45 * 199 * len(kept) <= sum(kept) <= 0.5 * 199 * len(kept) + len(kept)  # half of the 199 passed tokens, pooled over layers and heads

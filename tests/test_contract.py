@@ -71,7 +71,7 @@ def test_fp16_bit_identical_tiny(tiny_model):
                                   "morphkv:budget=0.4,window=8,quantizer=turboquant:key_bits=3+value_bits=3",
                                   "nestedkv:budget=0.3,window=8,block=16", "nestedkv:budget=0.3,heads=adaptive",
                                   "zipcache:group_size=32,window=32", "zipcache:group_size=64,window=64,salient=0.5,sinks=2",
-                                  "chunkkv:budget=0.3,window=8,chunk=5", "curdkv:budget=0.4", "keyformer:budget=0.5",
+                                  "chunkkv:budget=0.3,window=8,chunk=5", "chunkkv:budget=0.3,window=8,chunk=5,reuse=2", "curdkv:budget=0.4", "keyformer:budget=0.5",
                                   "cam:budget=0.5,merge_budget=4", "cam:budget=0.4,quantizer=turboquant:key_bits=3+value_bits=3",
                                   "squeeze:budget=0.5",
                                   "amc:group_size=32,window=32,min_tokens=64", "amc:top=0.25,mid=0.5,bits_low=2,rank_low=0.25,window=64,sinks=3"])

@@ -141,3 +141,13 @@ def test_refused_config_is_a_row_not_the_end(real, tmp_path):
     assert "missing.safetensors" in recs[0]["refused"] and "ppl" not in recs[0] and recs[1]["ppl"] > 1
     table = ve.results_table(recs)
     assert "refused at build time: spectral" in table and table.count("\n") >= 3
+
+
+def test_niah_runs_prompt_passes(real, recwarn):
+    "KVzip's caches in the NIAH task are prefilled and passed by the harness before generation (no 'kept whole' warning)."
+    from veloxquant.eval import niah
+    model, tok, _ = real
+    from veloxquant.core import parse_method
+    rows = niah(model, tok, parse_method("kvzip:budget=0.5"), lengths=(256,), depths=(0.5,), max_tokens=2)
+    assert len(rows) == 1 and abs(rows[0]["prompt_tokens"] - 256) <= 8
+    assert not [w for w in recwarn if "kept whole" in str(w.message)]

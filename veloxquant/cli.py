@@ -12,7 +12,7 @@ from .models import MLX_KV_FLAGS, is_mlx_kv_flag, split_model_flag, check_model_
 
 # %% auto #0
 __all__ = ['run_method', 'print_table', 'demo', 'generate_parser', 'prompt_cache_file_refusal', 'prompt_pass_refusal',
-           'generate_main', 'eval_main', 'int_list', 'benchmark_main', 'main']
+           'with_prompt_passes', 'generate_main', 'eval_main', 'int_list', 'benchmark_main', 'main']
 
 # %% ../nbs/08_cli.ipynb #38194602
 def _maybe_reexec_with_openblas(argv):
@@ -159,16 +159,43 @@ def prompt_cache_file_refusal(rest: list[str], config: KVCacheConfig | None = No
                     "generation would run with the saved caches; pass the --method the file was made with")
     return None
 
-def prompt_pass_refusal(config: KVCacheConfig) -> str | None:
-    """Why `veloxquant generate` cannot run `config` compressed, or None: methods with a prompt pass of their own
-    (KVzip's reconstruction, `veloxquant.evict.prompt_passes`) need the prompt's token ids, which mlx-lm's generate
-    loop never hands to a cache; they would keep the prompt whole."""
+def _has_prompt_pass(config: KVCacheConfig) -> bool:
     try: cls = type(config.make_cache())
-    except Exception: return None  # a method that cannot build without a model (calibrated): checked at load
-    if getattr(cls, "prompt_pass", None) is None: return None
-    return (f"method {config.method!r} scores the prompt with a pass of its own after the prefill, which mlx-lm's generate "
-            "loop cannot run (it would keep the prompt whole); use the Python API: build caches with "
-            "veloxquant.KVCacheBuilder.for_model, prefill, call veloxquant.evict.prompt_passes(model, caches, ids, tokenizer)")
+    except Exception: return False  # a method that cannot build without a model (calibrated): checked at load
+    return getattr(cls, "prompt_pass", None) is not None
+
+def prompt_pass_refusal(config: KVCacheConfig, rest: list[str] = ()) -> str | None:
+    """Why `veloxquant generate` cannot run `config` with mlx-lm's arguments `rest`, or None. Methods with a prompt pass
+    of their own (KVzip's reconstruction, `veloxquant.evict.prompt_passes`) run through `with_prompt_passes`, which
+    prefills and passes before mlx-lm's loop takes the last prompt token; refused with `--prompt-cache-file` (the saved
+    caches hold part of the prompt already, and the pass runs once over the whole prompt) and with `--draft-model`
+    (speculative decoding takes another loop)."""
+    if not _has_prompt_pass(config): return None
+    flags = [a.split("=", 1)[0] for a in rest]
+    bad = [f for f in flags if _is_prompt_cache_flag(f)] or [f for f in flags if f.startswith("--draft-m") and "--draft-model".startswith(f)]
+    if not bad: return None
+    return (f"method {config.method!r} scores the whole prompt with a pass of its own after the prefill, which cannot run "
+            f"with {bad[0]} (a saved prompt cache already holds part of the prompt; speculative decoding takes another "
+            "loop); drop the flag")
+
+def with_prompt_passes(step_fn, tokenizer):
+    """Wrap mlx-lm's `generate_step` (`step_fn`) for caches with a prompt pass of their own (KVzip): a generator that,
+    at its first token, fills the caches with all but the prompt's last token (`veloxquant.eval.prefill_prompt`, in
+    `prefill_step_size` chunks), runs the passes with `tokenizer`, then hands the last token to `step_fn`. The time
+    to the first token, which mlx-lm reports as the prompt's, includes the passes. Any other caches, prompts given as
+    embeddings, or caches already holding tokens go straight to `step_fn`."""
+    def generate_step(prompt, model, *args, prompt_cache=None, prefill_step_size: int = 2048, input_embeddings=None, **kw):
+        from veloxquant.eval import needs_prompt_pass, prefill_prompt
+        if prompt_cache is None:
+            from mlx_lm.models.cache import make_prompt_cache
+            prompt_cache = make_prompt_cache(model, max_kv_size=kw.get("max_kv_size"))
+        if (input_embeddings is None and len(prompt) > 1 and needs_prompt_pass(prompt_cache)
+                and all(getattr(c, "offset", 0) == 0 for c in prompt_cache)):
+            prefill_prompt(model, prompt_cache, prompt.tolist(), prefill_step_size, tokenizer)
+            prompt = prompt[-1:]
+        yield from step_fn(prompt, model, *args, prompt_cache=prompt_cache, prefill_step_size=prefill_step_size,
+                           input_embeddings=input_embeddings, **kw)
+    return generate_step
 
 def generate_main(argv):
     "`mlx_lm.generate`'s CLI with the model compressed by `--method` (default model: the embedded one)."
@@ -183,7 +210,7 @@ def generate_main(argv):
     except ValueError as e:
         print(f"veloxquant generate: error: {e}", file=sys.stderr); sys.exit(2)
     from veloxquant.models import load_model
-    orig_load = g.load
+    orig_load, orig_step = g.load, g.generate_step
     def load(path, *a, **kw):
         res = orig_load(path, *a, **kw)
         if mx.default_device() == mx.cpu:  # float16 arithmetic is slow on MLX's CPU back-end
@@ -191,6 +218,7 @@ def generate_main(argv):
         try: compress(res[0], config)  # the build-time refusal of a model veloxquant cannot serve, before any token
         except ValueError as e:
             print(f"veloxquant generate: error: {e}", file=sys.stderr); sys.exit(2)
+        if _has_prompt_pass(config): g.generate_step = with_prompt_passes(orig_step, res[1])  # KVzip: prefill + pass first
         return res
     g.load = load
     rest = split_model_flag(rest)
@@ -199,7 +227,7 @@ def generate_main(argv):
         print(f"veloxquant generate: error: {refused[0]} configures mlx-lm's own KV cache, which --method replaces "
               "(it would be ignored); choose the cache with --method, e.g. --method affine:key_bits=4,value_bits=4", file=sys.stderr)
         sys.exit(2)
-    if (why := prompt_cache_file_refusal(rest, config) or prompt_pass_refusal(config)):
+    if (why := prompt_cache_file_refusal(rest, config) or prompt_pass_refusal(config, rest)):
         print(f"veloxquant generate: error: {why}", file=sys.stderr); sys.exit(2)
     if "--model" in rest and (i := rest.index("--model") + 1) < len(rest) and not ("-h" in rest or "--help" in rest):
         try:

@@ -14,10 +14,10 @@ import veloxquant.evict as evict
 # %% auto #0
 __all__ = ['STANDARD_SETTINGS', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'NIAH_ANSWER_PREFIX', 'TASKS', 'prefill', 'score_continuation',
            'perplexity', 'standard_settings', 'standard_configs', 'config_label', 'AttentionProbe',
-           'summarize_attention', 'decode_run', 'Reference', 'fp16_reference', 'compare_to_reference', 'niah_score',
-           'niah_code', 'niah_prompt', 'niah', 'parse_tasks', 'evaluate', 'results_table', 'save_results',
-           'load_results', 'pareto_front', 'chart_pareto', 'chart_niah', 'chart_attention', 'chart_png', 'save_charts',
-           'eval_report', 'frontier_points', 'chart_frontier']
+           'summarize_attention', 'needs_prompt_pass', 'prefill_prompt', 'decode_run', 'Reference', 'fp16_reference',
+           'compare_to_reference', 'niah_score', 'niah_code', 'niah_prompt', 'niah', 'parse_tasks', 'evaluate',
+           'results_table', 'save_results', 'load_results', 'pareto_front', 'chart_pareto', 'chart_niah',
+           'chart_attention', 'chart_png', 'save_charts', 'eval_report', 'frontier_points', 'chart_frontier']
 
 # %% ../nbs/05_eval.ipynb #88c7b811
 def prefill(model, caches: list, tokens, step: int = 2048) -> mx.array:
@@ -154,12 +154,23 @@ def summarize_attention(rows: list[dict]) -> list[dict]:
             for l, d in sorted(out.items())]
 
 # %% ../nbs/05_eval.ipynb #ec930f0a
-def _fill(model, caches: list, tokens: list, step: int = 2048, tokenizer=None, timing: dict | None = None) -> mx.array:
-    "Fill `caches` with `tokens[:-1]` in chunks, evaluating only the cache state (no vocabulary projection), run the caches' own prompt passes (`veloxquant.evict.prompt_passes`, e.g. KVzip's reconstruction; seconds in `timing['prompt_pass_s']`), then feed the last token; returns its logits, float32 [vocab]."
+def needs_prompt_pass(caches) -> bool:
+    "True when a cache in `caches` has a prompt pass of its own (a `prompt_pass` classmethod, e.g. KVzip's reconstruction)."
+    return any(getattr(type(c), "prompt_pass", None) is not None for c in caches)
+
+def prefill_prompt(model, caches: list, tokens: list, step: int = 2048, tokenizer=None) -> float:
+    """Fill `caches` with `tokens[:-1]` (list of int) in chunks of `step`, evaluating only the cache state (no
+    vocabulary projection), then run the caches' own prompt passes (`veloxquant.evict.prompt_passes`, e.g. KVzip's
+    reconstruction, which needs the prompt's ids and `tokenizer`). The last token is left for the caller to feed (the
+    first prediction). Returns the passes' seconds (0.0 without one); their `ValueError`s propagate."""
     for s in range(0, len(tokens) - 1, step):
         model(mx.array(tokens[s:min(s + step, len(tokens) - 1)])[None], cache=caches)
         mx.eval([c.state for c in caches])
-    t = evict.prompt_passes(model, caches, tokens[:-1], tokenizer)
+    return evict.prompt_passes(model, caches, tokens[:-1], tokenizer)
+
+def _fill(model, caches: list, tokens: list, step: int = 2048, tokenizer=None, timing: dict | None = None) -> mx.array:
+    "`prefill_prompt` (seconds of the prompt passes in `timing['prompt_pass_s']`), then feed the last token; returns its logits, float32 [vocab]."
+    t = prefill_prompt(model, caches, tokens, step, tokenizer)
     if timing is not None: timing["prompt_pass_s"] = t
     return model(mx.array(tokens[-1:])[None], cache=caches)[0, -1].astype(mx.float32)
 
@@ -293,7 +304,8 @@ def niah(model, tokenizer, config: KVCacheConfig, lengths=(512, 1024, 2048), dep
          max_tokens: int = 8, seed: int = 0, progress=None) -> list[dict]:
     """Needle-in-a-haystack grid for `config`: one greedy `mlx_lm.generate` per (length, depth) cell
     through fresh caches. Returns `[{length, depth, actual_depth, prompt_tokens, expected, answer,
-    correct (bool)}]`. `progress`: an optional tqdm bar, advanced once per cell."""
+    correct (bool)}]`. `progress`: an optional tqdm bar, advanced once per cell. Caches with a prompt pass of their own
+    (KVzip) are prefilled and passed first (`prefill_prompt`), then generation starts from the prompt's last token."""
     import mlx_lm
     rows = []
     for L in lengths:
@@ -301,7 +313,10 @@ def niah(model, tokenizer, config: KVCacheConfig, lengths=(512, 1024, 2048), dep
             code = niah_code(L, d, seed)
             ids, actual = niah_prompt(tokenizer, L, d, code)
             caches = KVCacheBuilder.for_model(model, config)
-            ans = mlx_lm.generate(model, tokenizer, ids, max_tokens=max_tokens, prompt_cache=caches, verbose=False)
+            feed = ids
+            if needs_prompt_pass(caches):  # mlx-lm's loop never hands the prompt's ids to a cache: prefill and pass here
+                prefill_prompt(model, caches, ids, tokenizer=tokenizer); feed = ids[-1:]
+            ans = mlx_lm.generate(model, tokenizer, feed, max_tokens=max_tokens, prompt_cache=caches, verbose=False)
             rows.append(dict(length=L, depth=d, actual_depth=round(actual, 4), prompt_tokens=len(ids), expected=code,
                              answer=ans, correct=niah_score(ans, code)))
             if progress is not None: progress.update(1)

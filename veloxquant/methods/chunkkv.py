@@ -17,19 +17,43 @@ __all__ = ['METHOD', 'STANDARD_SETTINGS', 'ChunkKVConfig', 'ChunkKVScorer']
 @dataclass
 class ChunkKVConfig(SnapKVConfig):
     """Options of `chunkkv`: SnapKV's (`budget` — fraction of the prompt kept, (0, 1] — or `capacity`, never both;
-    `window`, `kernel`, `pooling`, `quantizer`) and `chunk` ≥ 1, the chunk length in tokens (default 10)."""
+    `window`, `kernel`, `pooling`, `quantizer`), `chunk` ≥ 1, the chunk length in tokens (default 10), and `reuse` ≥ 1,
+    the layer-wise index reuse depth (the paper's layer-wise index reuse): groups of `reuse` adjacent layers keep the chunks the group's first layer
+    chose (default 1: every layer selects its own)."""
     chunk: int = 10
+    reuse: int = 1
     def validate(self):
         super().validate()
-        check_int("chunk", self.chunk, 1)
+        check_int("chunk", self.chunk, 1); check_int("reuse", self.reuse, 1)
 
 class ChunkKVScorer(SnapKVScorer):
-    "SnapKV's vote; the selection keeps whole chunks of `chunk` tokens, one set for all KV heads (`keep_chunks`)."
-    def __init__(self, window: int = 32, kernel: int = 7, pooling: str = "avg", chunk: int = 10):
-        super().__init__(window, kernel, pooling); self.chunk = chunk
-    def select(self, scores, k): return keep_chunks(scores, k, self.chunk)
+    """SnapKV's vote; the selection keeps whole chunks of `chunk` tokens, one set for all KV heads (`keep_chunks`).
+    With `reuse` > 1 the scorers of one builder call form a group in layer order (`join`, from `EvictCache.place`):
+    layer `l` reuses the kept slot indices of layer `l − l mod reuse`, which compresses earlier in the same forward
+    step, when they were chosen over the same held tokens (same [B, H, n] and count); otherwise it selects its own."""
+    _current = None  # the group the scorers of one builder call join, in layer order
+    def __init__(self, window: int = 32, kernel: int = 7, pooling: str = "avg", chunk: int = 10, reuse: int = 1):
+        super().__init__(window, kernel, pooling); self.chunk, self.reuse = chunk, reuse
+        self.group, self.layer, self.kept = None, None, None
+    def join(self, cache, layer: int, n_layers: int):
+        if self.reuse == 1: return
+        g = ChunkKVScorer._current
+        if layer == 0 or g is None or g["n"] != n_layers or layer in g["scorers"]:
+            g = ChunkKVScorer._current = {"n": n_layers, "scorers": {}}
+        g["scorers"][layer] = self; self.group, self.layer = g, layer
+    def leader(self):
+        "The scorer whose kept chunks this layer reuses (the first layer of its group of `reuse`), or None (a leader, or no group)."
+        if self.group is None or self.layer % self.reuse == 0: return None
+        return self.group["scorers"].get(self.layer - self.layer % self.reuse)
+    def select(self, scores, k):
+        ld = self.leader()
+        if ld is not None and ld.kept is not None and ld.kept[0] == (tuple(scores.shape), k): return ld.kept[1]
+        idx = keep_chunks(scores, k, self.chunk)
+        if self.reuse > 1: self.kept = ((tuple(scores.shape), k), idx)
+        return idx
 
 METHOD = register_method("chunkkv", ChunkKVConfig,
-                         eviction_factory(lambda o: ChunkKVScorer(o.window, o.kernel, o.pooling, o.chunk)),
+                         eviction_factory(lambda o: ChunkKVScorer(o.window, o.kernel, o.pooling, o.chunk, o.reuse)),
                          "ChunkKV: SnapKV's observation-window vote, kept in whole chunks shared by a layer's heads (arXiv 2502.00299)")
 STANDARD_SETTINGS = [dict(budget=0.25), dict(budget=0.5), dict(budget=0.75)]
+
