@@ -6,9 +6,10 @@ import veloxquant.calibrate as calibrate, veloxquant.models as models
 from veloxquant.attention import install
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
 out = sys.argv[2] if len(sys.argv) > 2 else "/tmp/q15/samples.npz"
+split = sys.argv[3] if len(sys.argv) > 3 else "calib"   # "eval": the evaluation text, for the out-of-sample check only
 model, tok = models.load_model(None)
 install()
-ids = calibrate.calibration_tokens(tok, n)
+ids = calibrate.calibration_tokens(tok, n) if split == "calib" else models.eval_tokens(tok, n, 0, split="eval")
 collect = ("keys", "values", "pre_rope_keys")
 t0 = time.time()
 recs = calibrate.recorders(model, collect)
