@@ -30,23 +30,28 @@ FISHER = ("key_fisher", "pre_rope_key_fisher", "value_fisher")
 
 @dataclass(frozen=True)
 class Calibration:
-    "A method's registered calibration: `fn(samples, options) -> tensors`, the config `fields` it depends on, what to `collect`."
+    """A method's registered calibration: `fn(samples, options) -> tensors`, the config `fields` it depends on, what to
+    `collect`; `optional` fields (a subset of `fields`) enter the settings only when set (truthy), so that a field added
+    later keeps the artifacts made before it valid."""
     method: str
     fn: Callable
     fields: tuple = ()
     collect: tuple = ("keys",)
+    optional: tuple = ()
 
 _CALIBRATIONS: dict[str, Calibration] = {}
 
-def register_calibration(method: str, fn: Callable, fields=(), collect=("keys",)) -> Calibration:
+def register_calibration(method: str, fn: Callable, fields=(), collect=("keys",), optional=()) -> Calibration:
     """Register the calibration of `method` (called by the method's module at import). `fn(samples, options)`:
     `samples` a list (one per attention layer) of dicts holding the `collect`ed activations as float32 numpy
     (`keys`/`values`/`pre_rope_keys` and their `*_fisher` [n_kv_heads, N, head_dim], `queries` [n_heads, N, head_dim]); `options` the method's config
     dataclass; returns `dict[str, np.ndarray]` (per-layer tensors named with `layer_key`). `fields`: the config
-    fields the artifact depends on. `ValueError` for an unknown entry of `collect`."""
+    fields the artifact depends on; `optional`: those of them that count only when set (truthy; an option added after
+    artifacts were made). `ValueError` for an unknown entry of `collect` or an `optional` field not in `fields`."""
     bad = [c for c in collect if c not in COLLECT]
     if bad or not collect: raise ValueError(f"collect={tuple(collect)!r}: allowed entries {list(COLLECT)}, at least one")
-    cal = Calibration(method, fn, tuple(fields), tuple(collect))
+    if not set(optional) <= set(fields): raise ValueError(f"optional={tuple(optional)!r} must be among fields={tuple(fields)!r}")
+    cal = Calibration(method, fn, tuple(fields), tuple(collect), tuple(optional))
     _CALIBRATIONS[method] = cal
     return cal
 
@@ -58,9 +63,9 @@ def calibration_of(method: str) -> Calibration | None:
 def layer_key(layer: int, name: str) -> str: return f"layer{layer}/{name}"
 
 def settings_of(method: str, options) -> dict:
-    "The settings an artifact is keyed by: the values of the registered `fields` of `options`."
+    "The settings an artifact is keyed by: the values of the registered `fields` of `options` (`optional` ones only when set)."
     cal = _CALIBRATIONS[method]
-    return {f: getattr(options, f) for f in cal.fields}
+    return {f: getattr(options, f) for f in cal.fields if f not in cal.optional or getattr(options, f)}
 
 # %% ../nbs/06b_calibrate.ipynb #a2d9f3a4
 def model_fingerprint(model) -> str:
@@ -168,7 +173,8 @@ def calibrate(method, model=None, tokens: int | list = 4096, window: int = 1024,
     None for the default model, or a loaded mlx-lm model) and write the checked artifact; returns its path.
 
     `tokens`: how many tokens of the `calib` split to run (in windows of `window` tokens, each from an empty cache),
-    or an explicit list of token ids (e.g. for a tiny random model without a tokenizer). `out`: the file to write
+    or an explicit list of token ids (e.g. for a tiny random model without a tokenizer). Besides the `collect`ed
+    arrays every layer's samples hold `positions` int32 [N], each token's position in its window. `out`: the file to write
     (default `artifact_path`, in the cache directory). The artifact's metadata: method, settings (JSON), model
     fingerprint, head dims (JSON `[k, v]`), number of layers and KV heads, tokens, seconds. `ValueError` for a
     method without registered calibration."""
@@ -194,6 +200,8 @@ def calibrate(method, model=None, tokens: int | list = 4096, window: int = 1024,
         bar.update(len(chunk))
     bar.close()
     samples = [{c: np.concatenate(v, axis=1) for c, v in d.items()} for d in seen]
+    pos = np.concatenate([np.arange(min(window, len(ids) - s)) for s in range(0, len(ids), window)]).astype(np.int32)
+    for d in samples: d["positions"] = pos   # each token's position in its window (0: a window's first token)
     dims = [int(recs[0].keys.shape[-1]), int(recs[0].values.shape[-1])]   # from the model's own (last window's) caches
     tensors = {k: np.ascontiguousarray(v) for k, v in cal.fn(samples, config.options).items()}
     fp = model_fingerprint(model)

@@ -18,7 +18,7 @@ import veloxquant.rope as rope
 
 # %% auto #0
 __all__ = ['KVQ_BITS', 'CALIBRATION', 'METHOD', 'STANDARD_SETTINGS', 'KVQuantConfig', 'weighted_kmeans_1d', 'nearest', 'qnorm',
-           'kvquant_calibration', 'KVQuantKeyCodec', 'KVQuantValueCodec', 'KVQuantCache']
+           'allocate_widths', 'kvquant_calibration', 'KVQuantKeyCodec', 'KVQuantValueCodec', 'KVQuantCache']
 
 # %% ../../nbs/methods/kvquant.ipynb #f6c28d3a
 KVQ_BITS = (2, 3, 4)
@@ -31,7 +31,10 @@ class KVQuantConfig(MethodConfig):
     centroids are shifted and scaled to the calibration data's mean and std, Q-Norm); `sinks` ≥ 0 first tokens in fp16
     (default 1, the paper's fp16 first token); `window` ≥ 0 recent tokens in fp16 (default 0: the paper has none);
     `path` of the calibration artifact ('' = found in the cache directory by `KVCacheBuilder.for_model`); `layer` (−1:
-    set per layer by the builder). The artifact depends on every field except `sinks`, `window`, `path`, `layer`."""
+    set per layer by the builder); `mixed` (default False; True: the calibration gives every layer's keys and values
+    their own width in {2, 3, 4}, keys at least min(3, key_bits), at the same total bits as `key_bits`, `value_bits` in
+    every layer, by a greedy exchange on the Fisher-weighted error: `allocate_widths`). The artifact depends on every
+    field except `sinks`, `window`, `path`, `layer` (`mixed` only when set, so the artifacts made before it stay valid)."""
     token_grouped = True  # not a field: sliding layers (bounded anyway) keep their tokens in fp16 (`veloxquant.sliding`)
     key_bits: int = 3
     value_bits: int = 3
@@ -43,10 +46,11 @@ class KVQuantConfig(MethodConfig):
     window: int = 0
     path: str = ""
     layer: int = -1
+    mixed: bool = False
     def validate(self):
         check_choice("key_bits", self.key_bits, KVQ_BITS); check_choice("value_bits", self.value_bits, KVQ_BITS)
         check_int("key_outliers", self.key_outliers, 0, 8); check_int("value_outliers", self.value_outliers, 0, 8)
-        check_bool("fisher", self.fisher); check_bool("qnorm", self.qnorm)
+        check_bool("fisher", self.fisher); check_bool("qnorm", self.qnorm); check_bool("mixed", self.mixed)
         check_int("sinks", self.sinks, 0); check_int("window", self.window, 0); check_int("layer", self.layer, -1)
         if not isinstance(self.path, str): raise ValueError(f"path={self.path!r} must be a string (a file path, or '')")
 
@@ -119,13 +123,46 @@ def _value_norm(x, k: int):
 def _sample(n: int, cap: int, seed: int) -> np.ndarray:
     return np.arange(n) if n <= cap else np.sort(np.random.default_rng(seed).choice(n, cap, replace=False))
 
+def allocate_widths(err, total: int, floors, top: int = 4) -> list[int]:
+    """Per-slot bit widths minimizing Σ_s err[s][w_s] at Σ_s w_s = `total` (slots of equal size): `err` a list of dicts
+    width → estimated loss (each slot's widths from its floor to `top`), `floors` the smallest width per slot. Starts
+    from the widths nearest `total / n` (as uniform as the floors allow), then repeats the best exchange — one bit
+    to the slot whose loss falls most, one from the slot whose loss rises least — while it lowers the sum. For
+    convex per-slot losses (quantization error falls by a shrinking amount per bit) the end point is optimal.
+    `ValueError` when `total` is outside [Σ floors, n·top]."""
+    n = len(err)
+    if not sum(floors) <= total <= n * top: raise ValueError(f"total={total} bits is outside [{sum(floors)}, {n * top}] for {n} slots")
+    w = [max(f, min(top, total // n)) for f in floors]
+    i = 0
+    while sum(w) < total:
+        if w[i % n] < top: w[i % n] += 1
+        i += 1
+    while sum(w) > total:
+        if w[i % n] > floors[i % n]: w[i % n] -= 1
+        i += 1
+    while True:
+        up = [(err[s][w[s]] - err[s][w[s] + 1], s) for s in range(n) if w[s] < top]
+        dn = [(err[s][w[s] - 1] - err[s][w[s]], s) for s in range(n) if w[s] > floors[s]]
+        if not up or not dn: return w
+        (g, a), (c, d) = max(up), min(dn)
+        if a == d or g - c <= 1e-12 * max(abs(g), 1e-30): return w
+        w[a] += 1; w[d] -= 1
+
 def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
     """Per layer, from pre-RoPE keys, values and their Fisher information (`veloxquant.calibrate` samples): the keys'
     per-channel range `key_center`, `key_radius` float32 [H, D] (the channel's quantiles at q and 1 − q, q = half the
     outlier fraction key_outliers / D, so that about that fraction lies outside: KVQuant's per-channel outlier
     thresholds, §3.4), and the non-uniform datatypes `key_levels` [2^key_bits], `value_levels` [2^value_bits] on the
     normalized values (`weighted_kmeans_1d` weighted by the Fisher information, or unweighted; then `qnorm`). At most
-    `cap` normalized entries per layer and kind enter the k-means (a fixed random subset)."""
+    `cap` normalized entries per layer and kind enter the k-means (a fixed random subset).
+
+    `options.mixed`: levels are fitted for every width from the floor (keys min(3, key_bits), values 2) to 4, each
+    width's estimated loss ½ Σ F·(x − x̂)² / N on the same subset (F the Fisher information, x̂ the dequantized entry,
+    outliers exact; the first token of each calibration window left out: the cache keeps it in fp16, `sinks` ≥ 1), `allocate_widths` picks the widths at the uniform setting's total, and each layer stores the
+    levels of its widths plus `sensitivity` float32 [2, 3] (keys / values × widths 2, 3, 4; NaN: not fitted) and
+    `widths` int32 [2]."""
+    mixed = bool(getattr(options, "mixed", False))
+    fits, sens = [], []
     out = {}
     for i, s in enumerate(samples):
         K, V = s["pre_rope_keys"].astype(np.float32), s["values"].astype(np.float32)      # [H, N, D]
@@ -135,24 +172,50 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
         center = ((lo + hi) / 2).astype(np.float32); radius = np.maximum((hi - lo) / 2, 1e-6).astype(np.float32)
         center, radius = (a.astype(np.float16).astype(np.float32) for a in (center, radius))  # as the codec stores them
         zk, _, ik = _key_norm(mx.array(K), mx.array(center[:, None]), mx.array(radius[:, None]), options.key_outliers)
-        zv, _, _, _, iv = _value_norm(mx.array(V), options.value_outliers)
-        for name, z, f, bits, idx in (("key", zk, s["pre_rope_key_fisher"], options.key_bits, ik),
-                                      ("value", zv, s["value_fisher"], options.value_bits, iv)):
-            z, f = np.clip(np.array(z), -1, 1), np.asarray(f, np.float64)
+        zv, _, vr, _, iv = _value_norm(mx.array(V), options.value_outliers)
+        scales = (np.broadcast_to(radius[:, None], K.shape), np.broadcast_to(np.array(vr.astype(mx.float32)), V.shape))
+        floors = {"key": min(3, options.key_bits), "value": 2}
+        row = np.full((2, 3), np.nan, np.float32); lv = {}
+        for j, (name, z, f, bits, idx) in enumerate((("key", zk, s["pre_rope_key_fisher"], options.key_bits, ik),
+                                                     ("value", zv, s["value_fisher"], options.value_bits, iv))):
+            z0 = np.array(z); z, f = np.clip(z0, -1, 1), np.asarray(f, np.float64)
             keep = np.ones(z.shape, bool)
             if idx is not None: np.put_along_axis(keep, np.array(idx).astype(np.int64), False, axis=-1)  # outliers are exact
             zf, ff = z[keep], f[keep]
             sel = _sample(zf.size, cap, i)
-            zf, ff = zf[sel], (ff[sel] if options.fisher else np.ones(sel.size))
-            c = weighted_kmeans_1d(zf, ff, 1 << bits)
-            if options.qnorm: c = qnorm(c, zf, ff)
-            out[calibrate.layer_key(i, f"{name}_levels")] = c
+            fk = ff[sel]
+            if mixed and "positions" in s:  # the window's first token is an fp16 sink in the cache: no error there
+                fk = fk * (np.broadcast_to(np.asarray(s["positions"])[None, :, None], z.shape)[keep][sel] > 0)
+            zf, ff = zf[sel], (fk if options.fisher else np.ones(sel.size))
+            for b in (range(floors[name], 5) if mixed else (bits,)):
+                c = weighted_kmeans_1d(zf, ff, 1 << b)
+                if options.qnorm: c = qnorm(c, zf, ff)
+                lv[name, b] = c
+                if mixed:  # the estimated loss of this width: ½ Σ F (scale · (z − level))², scaled to all entries, per token
+                    z1, s1 = z0[keep][sel], scales[j][keep][sel]
+                    row[j, b - 2] = 0.5 * (fk * (s1 * (z1 - c[nearest(z1, c)])) ** 2).sum() * (keep.sum() / sel.size) / N
+        fits.append(lv); sens.append(row)
         out[calibrate.layer_key(i, "key_center")] = center; out[calibrate.layer_key(i, "key_radius")] = radius
+    if mixed:
+        L = len(samples)
+        err = [{b: float(sens[i][0, b - 2]) for b in range(min(3, options.key_bits), 5)} for i in range(L)] + \
+              [{b: float(sens[i][1, b - 2]) for b in range(2, 5)} for i in range(L)]
+        floors = [min(3, options.key_bits)] * L + [2] * L
+        w = allocate_widths(err, L * (options.key_bits + options.value_bits), floors)
+        widths = [(w[i], w[L + i]) for i in range(L)]
+    else:
+        widths = [(options.key_bits, options.value_bits)] * len(samples)
+    for i, (kb, vb) in enumerate(widths):
+        out[calibrate.layer_key(i, "key_levels")] = fits[i]["key", kb]
+        out[calibrate.layer_key(i, "value_levels")] = fits[i]["value", vb]
+        if mixed:
+            out[calibrate.layer_key(i, "sensitivity")] = sens[i]
+            out[calibrate.layer_key(i, "widths")] = np.array([kb, vb], np.int32)
     return out
 
 CALIBRATION = calibrate.register_calibration(
-    "kvquant", kvquant_calibration, fields=("key_bits", "value_bits", "key_outliers", "value_outliers", "fisher", "qnorm"),
-    collect=("pre_rope_keys", "values", "pre_rope_key_fisher", "value_fisher"))
+    "kvquant", kvquant_calibration, fields=("key_bits", "value_bits", "key_outliers", "value_outliers", "fisher", "qnorm", "mixed"),
+    collect=("pre_rope_keys", "values", "pre_rope_key_fisher", "value_fisher"), optional=("mixed",))
 
 # %% ../../nbs/methods/kvquant.ipynb #3a4f7992
 def _codes(z, levels):
@@ -278,8 +341,9 @@ def _make(config: KVCacheConfig):
     cfg = config.options
     def codecs(kd, vd):
         t = calibrate.layer_tensors("kvquant", cfg, kd)
-        return (KVQuantKeyCodec(kd, cfg.key_bits, cfg.key_outliers, t["key_center"], t["key_radius"], t["key_levels"]),
-                KVQuantValueCodec(vd, cfg.value_bits, cfg.value_outliers, t["value_levels"]))
+        kb, vb = (int(b) for b in t["widths"]) if cfg.mixed else (cfg.key_bits, cfg.value_bits)  # mixed: the layer's own widths
+        return (KVQuantKeyCodec(kd, kb, cfg.key_outliers, t["key_center"], t["key_radius"], t["key_levels"]),
+                KVQuantValueCodec(vd, vb, cfg.value_outliers, t["value_levels"]))
     return KVQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
 
 METHOD = register_method("kvquant", KVQuantConfig, _make,
