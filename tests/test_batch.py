@@ -116,7 +116,7 @@ def test_pre_rope_methods_refuse_batch(sharp_model, spec, tmp_path):
     path = calibrate(cfg, sharp_model, tokens=[(5 * i + 1) % 128 for i in range(256)], window=128, progress=False,
                      out=tmp_path / "calibration.safetensors")
     vq.compress(sharp_model, vq.KVCacheConfig.from_dict({**cfg.to_dict(), "path": str(path)}))
-    with pytest.raises(ValueError, match="overrides VQCache"):
+    with pytest.raises(ValueError, match="does not support batch generation"):
         batched(sharp_model, PROMPTS, [3, 3, 3, 3])
 
 

@@ -216,30 +216,36 @@ def calibrate(method, model=None, tokens: int | list = 4096, window: int = 1024,
 # %% ../nbs/06b_calibrate.ipynb #f72cebb9
 _LOADED: dict = {}   # path -> (mtime, tensors, meta): verified artifacts
 
-def _hint(method): return f"run `veloxquant calibrate --method {method} --model PATH` (or pass path=) for this model and setting"
+def _hint(method, options=None):
+    "The calibrate command for this method AND its settings (the artifact is keyed by them)."
+    spec = method
+    if options is not None and method in _CALIBRATIONS:
+        s = {k: v for k, v in settings_of(method, options).items() if v != getattr(type(options)(), k, None)}
+        if s: spec = '"' + method + ":" + ",".join(f"{k}={v}" for k, v in s.items()) + '"'
+    return f"run `veloxquant calibrate --method {spec} --model PATH` (or pass path=) for this model and setting"
 
 def load_calibration(path, method: str, options, fingerprint: str | None = None, head_dim: int | None = None) -> tuple[dict, dict]:
     """`(tensors, meta)` of the artifact at `path`, verified: readable, sha256, made for `method` with `options`'
     settings, for the model `fingerprint` and key `head_dim` (each checked when given). `ValueError` otherwise."""
     p = Path(path)
-    if not p.exists(): raise ValueError(f"calibration artifact {p} does not exist; {_hint(method)}")
+    if not p.exists(): raise ValueError(f"calibration artifact {p} does not exist; {_hint(method, options)}")
     key, mtime = str(p), p.stat().st_mtime_ns
     hit = _LOADED.get(key)
     if hit is None or hit[0] != mtime:
-        tensors, meta = load_artifact(p, CALIB_FORMAT, "calibration artifact", _hint(method))
+        tensors, meta = load_artifact(p, CALIB_FORMAT, "calibration artifact", _hint(method, options))
         _LOADED[key] = hit = (mtime, tensors, meta)
     _, tensors, meta = hit
     if meta.get("method") != method:
-        raise ValueError(f"calibration artifact {p} was made for method {meta.get('method')!r}, not {method!r}; {_hint(method)}")
+        raise ValueError(f"calibration artifact {p} was made for method {meta.get('method')!r}, not {method!r}; {_hint(method, options)}")
     want = json.dumps(settings_of(method, options), sort_keys=True)
     if meta.get("settings") != want:
-        raise ValueError(f"calibration artifact {p} was made with settings {meta.get('settings')}, not {want}; {_hint(method)}")
+        raise ValueError(f"calibration artifact {p} was made with settings {meta.get('settings')}, not {want}; {_hint(method, options)}")
     if fingerprint is not None and meta.get("fingerprint") != fingerprint:
         raise ValueError(f"calibration artifact {p} was made for another model (fingerprint {meta.get('fingerprint', '')[:16]}…, "
-                         f"this model {fingerprint[:16]}…); {_hint(method)}")
+                         f"this model {fingerprint[:16]}…); {_hint(method, options)}")
     if head_dim is not None and json.loads(meta.get("head_dims", "[null]"))[0] != head_dim:
         raise ValueError(f"calibration artifact {p} was made for head_dim {json.loads(meta['head_dims'])[0]}, "
-                         f"not {head_dim}; {_hint(method)}")
+                         f"not {head_dim}; {_hint(method, options)}")
     return tensors, meta
 
 def layer_configs(model, config: KVCacheConfig) -> list[KVCacheConfig]:
@@ -266,7 +272,7 @@ def layer_tensors(method: str, options, head_dim: int) -> dict[str, np.ndarray]:
     if not options.path or options.layer < 0:
         raise ValueError(f"method {method!r} needs a calibration artifact bound to a layer (path={options.path!r}, "
                          f"layer={options.layer}): build caches with KVCacheBuilder.for_model(model, config) or "
-                         f"veloxquant.compress, which find it for the model; {_hint(method)}")
+                         f"veloxquant.compress, which find it for the model; {_hint(method, options)}")
     tensors, meta = load_calibration(options.path, method, options, head_dim=head_dim)
     if options.layer >= int(meta["n_layers"]):
         raise ValueError(f"layer={options.layer} is out of range for calibration artifact {options.path} "
