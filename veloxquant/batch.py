@@ -38,8 +38,8 @@ def _check_batchable(c) -> None:
         raise ValueError(f"cannot batch a {type(c).__name__} with veloxquant caches; all layers of a batch must come from the same method")
     for name in ("update_and_fetch", "attend", "_flush", "_blocks"):
         if getattr(type(c), name) is not getattr(VQCache, name):
-            raise ValueError(f"method {c.config.method!r} does not support batch generation: its cache ({type(c).__name__}) has its own "
-                             f"{name}, which has no batch cache; generate one sequence at a time")
+            raise ValueError(f"method {c.config.method!r} does not support batch generation: its cache ({type(c).__name__}) overrides "
+                             f"VQCache.{name}, which has no batch cache; generate one sequence at a time")
     if getattr(c, "sinks", 0):
         raise ValueError(f"method {c.config.method!r} with sinks={c.sinks}: sink tokens are not supported in a batch cache yet "
                          "(use sinks=0 for batch generation and the server)")
