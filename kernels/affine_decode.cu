@@ -97,6 +97,7 @@ __global__ void vq_affine_decode(
     const __half* vb,
     const uint8_t* nref,
     const __grid_constant__ Shape nref_shape,
+    const int32_t* rr,
     float* out_m,
     float* out_l,
     float* out_acc) {
@@ -108,6 +109,7 @@ __global__ void vq_affine_decode(
   constexpr int NW = 4;
   constexpr int SPLIT = 512;
   constexpr int SCALE = 1035273459;
+  constexpr int PR = 0;
 
 const uint vq_lane = threadIdx.x % 32, vq_warp = threadIdx.x / 32, vq_tid = threadIdx.x;
 const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
@@ -129,7 +131,8 @@ VQ_SHARED float wacc[NW * REP * D];
 const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
 const float scale = vq_as_float(SCALE);
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
-const int t0 = chunk * split, t1 = min(n, t0 + split);
+const int cs = PR ? rr[3 * bh] : 0, ce = PR ? rr[3 * bh + 1] : n;
+const int t0 = cs + chunk * split, t1 = min(ce, t0 + split);
 for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
 vq_barrier();
 for (int i = vq_tid; i < REP * NG; i += 32 * NW) {
@@ -262,7 +265,7 @@ for (int i = vq_tid; i < REP * D; i += 32 * NW) {
   for (int w = 0; w < NW; w++) M = fmax(M, wm[w * REP + r]);
   float L = 0.0f, A = 0.0f;
   for (int w = 0; w < NW; w++) {
-    const float e = exp(wm[w * REP + r] - M);
+    const float e = M == VQ_NEG_INF ? 0.0f : exp(wm[w * REP + r] - M);   // an empty chunk: nothing
     L += wl[w * REP + r] * e; A += wacc[w * REP * D + i] * e;
   }
   const long row = (long)(bh * REP + r) * ns + chunk;

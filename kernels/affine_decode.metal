@@ -86,7 +86,8 @@ VQ_SHARED float wacc[NW * REP * D];
 const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
 const float scale = vq_as_float(SCALE);
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
-const int t0 = chunk * split, t1 = min(n, t0 + split);
+const int cs = PR ? rr[3 * bh] : 0, ce = PR ? rr[3 * bh + 1] : n;
+const int t0 = cs + chunk * split, t1 = min(ce, t0 + split);
 for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
 vq_barrier();
 for (int i = vq_tid; i < REP * NG; i += 32 * NW) {
@@ -219,7 +220,7 @@ for (int i = vq_tid; i < REP * D; i += 32 * NW) {
   for (int w = 0; w < NW; w++) M = fmax(M, wm[w * REP + r]);
   float L = 0.0f, A = 0.0f;
   for (int w = 0; w < NW; w++) {
-    const float e = exp(wm[w * REP + r] - M);
+    const float e = M == VQ_NEG_INF ? 0.0f : exp(wm[w * REP + r] - M);   // an empty chunk: nothing
     L += wl[w * REP + r] * e; A += wacc[w * REP * D + i] * e;
   }
   const long row = (long)(bh * REP + r) * ns + chunk;

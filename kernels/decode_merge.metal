@@ -73,10 +73,11 @@ const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup
 // the first E = eref_shape[0] tokens are read (a preallocated window buffer: ECAP >= E); sinks: [ROWS] float32 (read
 // only when HS); template SCALE as the decode kernels. ROT = 1: the chunk partials are in a rotated domain (acc = p·(v R)),
 // the exact keys/values and q are not; out = (acc_chunks · Rᵀ + acc_exact) / L with rot: [D, D] float32 (R, row-major).
+// PR = 1 (a padded batch): exact token e of kv row kv counts from rr[3 kv + 2] on (`DECODE_ROWS`); PR = 0: all of them.
 // out: [ROWS, D] in OT. One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
 constexpr int DPL = D / 32;
 VQ_SHARED float wl[NW], wacc[NW * D], wex[ROT ? NW * D : 1], ac[ROT ? D : 1];
-const int row = vq_group_x, kv = row / REP;
+const int row = vq_group_x, kv = row / REP, es = PR ? rr[3 * kv + 2] : 0;
 const int E = eref_shape[0], ecap = ek_shape[2], has_sinks = HS;
 const int ns = pm_shape[1];
 const float scale = vq_as_float(SCALE);
@@ -86,7 +87,7 @@ for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL
 float M = has_sinks ? sinks[row] : VQ_NEG_INF;        // pass 1: the global maximum (chunks, exact tokens, sink)
 for (int c = vq_lane; c < ns; c += 32) M = fmax(M, pm[(long)row * ns + c]);
 M = vq_simd_max(M);
-for (int e = 0; e < E; e++) {
+for (int e = es; e < E; e++) {
   float s = 0.0f;
   VQ_UNROLL
   for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
@@ -100,7 +101,7 @@ for (int c = vq_warp; c < ns; c += NW) {
   VQ_UNROLL
   for (int k = 0; k < DPL; k++) acc[k] += pacc[((long)row * ns + c) * D + vq_lane * DPL + k] * w;
 }
-for (int e = vq_warp; e < E; e += NW) {
+for (int e = es + vq_warp; e < E; e += NW) {
   float s = 0.0f;
   VQ_UNROLL
   for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);

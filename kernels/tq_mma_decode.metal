@@ -87,7 +87,8 @@ VQ_SHARED float wacc[NW * REP * D];
 const int n = nref_shape[0], cap = kc_shape[2], split = SPLIT;
 const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 units: exp2 below
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
-const int t0 = chunk * split, t1 = min(n, t0 + split);
+const int cs = PR ? rr[3 * bh] : 0, ce = PR ? rr[3 * bh + 1] : n;
+const int t0 = cs + chunk * split, t1 = min(ce, t0 + split);
 for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
 for (int i = vq_tid; i < (1 << (2 * KB)); i += 32 * NW) lk[i] = klut[i];
 for (int i = vq_tid; i < (1 << (2 * VB)); i += 32 * NW) lv[i] = vlut[i];
@@ -221,7 +222,7 @@ for (int i = vq_tid; i < REP * D; i += 32 * NW) {
   for (int w = 0; w < NW; w++) M = fmax(M, wm[w * REP + r]);
   float L = 0.0f, A = 0.0f;
   for (int w = 0; w < NW; w++) {
-    const float e = vq_exp2(wm[w * REP + r] - M);
+    const float e = M == VQ_NEG_INF ? 0.0f : vq_exp2(wm[w * REP + r] - M);   // an empty chunk: nothing
     L += wl[w * REP + r] * e; A += wacc[w * REP * D + i] * e;
   }
   const long row = (long)(bh * REP + r) * ns + chunk;

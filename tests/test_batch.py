@@ -349,3 +349,48 @@ def test_batch_contract_property(spec, first, second, steps, data):
     _check_rows(b, singles)
     back = VQBatchCache.from_state(b.state)
     _check_rows(back, singles)
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["affine:window=0", "affine:key_bits=4,value_bits=4,window=8", "affine:window=16", "turboquant:window=8",
+                                  "turboquant:window=16", "turboquant:window=0"])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+def test_padded_batch_fused_decode(sharp_model, spec, dtype, monkeypatch):
+    """On a GPU, a decode step of a padded batch (sequences of 37/5/70/18 prompt tokens + 3 generated, merged into one
+    batch cache per layer) goes through the method's fused kernel with per-row ranges (`VQBatchCache._attend_rows`):
+    its output equals the blockwise reference with `make_mask`'s padding mask on the same cache state, step after
+    step (windows move per row), and after `filter` drops a row — within kernel precision (the tensor-core products
+    round the query and the weights to fp16)."""
+    sharp_model.set_dtype(dtype)
+    try:
+        vq.compress(sharp_model, parse_method(spec))
+        seqs = []
+        for p in PROMPTS:
+            c = sharp_model.make_cache()
+            for _ in zip(range(3), generate_step(mx.array(p), sharp_model, max_tokens=3, prompt_cache=c, prefill_step_size=16)): pass
+            seqs.append(c)
+        taken, real = [], VQBatchCache._attend_rows
+        def spy(self, *a):
+            out = real(self, *a); taken.append(out is not None); return out
+        monkeypatch.setattr(VQBatchCache, "_attend_rows", spy)
+        for layer in range(len(seqs[0])):
+            fused, ref = merge_caches([c[layer] for c in seqs]), merge_caches([c[layer] for c in seqs])
+            H, D = fused.k_store.arrays[next(iter(fused.k_store.arrays))].shape[1], 64
+            mx.random.seed(layer)
+            for step in range(20):
+                if step == 10: fused.filter([0, 2, 3]); ref.filter([0, 2, 3])  # a row leaves mid-generation
+                B = fused.offset.shape[0]
+                k, v = (mx.random.normal((B, H, 1, D)).astype(dtype) for _ in range(2))
+                q = (2 * mx.random.normal((B, 2 * H, 1, D))).astype(dtype)
+                mask = ref.make_mask(1)
+                fused.update_and_fetch(k, v); ref.update_and_fetch(k, v)
+                a = fused.attend(q, k, v, D ** -0.5, mask)
+                with monkeypatch.context() as m:
+                    m.setattr(VQBatchCache, "_attend_rows", lambda self, *a: None)
+                    b = ref.attend(q, k, v, D ** -0.5, mask)
+                a, b = np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32))
+                np.testing.assert_allclose(a, b, rtol=0, atol=2e-2 * np.abs(b).max(), err_msg=f"{spec} layer {layer} step {step}")
+        assert taken and all(taken), f"{spec}: {taken.count(False)} of {len(taken)} decode steps missed the fused path"
+    finally:
+        sharp_model.set_dtype(mx.float32)

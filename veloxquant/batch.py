@@ -5,8 +5,10 @@
 # %% ../nbs/11_batch.ipynb #07dc87ef
 from __future__ import annotations
 import json
+import numpy as np
 import mlx.core as mx
 import mlx_lm.models.cache as mlx_cache
+import veloxquant.gpu as gpu
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 from .core import KVCacheConfig
@@ -78,7 +80,7 @@ class VQBatchCache(VQCache):
     def __init__(self, config: KVCacheConfig, left_padding=()):
         proto = config.make_cache()
         _check_batchable(proto)
-        super().__init__(config, proto._make_codecs, window=proto.window)
+        super().__init__(config, proto._make_codecs, window=proto.window, fused_decode=proto.fused_decode)
         lp = [int(x) for x in left_padding]
         self.left_padding = mx.array(lp, dtype=mx.int32)
         self.offset = mx.array([-x for x in lp], dtype=mx.int32)
@@ -119,10 +121,13 @@ class VQBatchCache(VQCache):
         """Advance every row's code boundary to the per-sequence rule (boundaries never move back): encode,
         from fp16, the positions that some row now reads as codes, drop the fp16 that no row reads any more."""
         if self.k_exact is None: return
-        lo, hi = self._lo(), self.k_store.length
-        b = self._targets() if self.boundary is None else mx.maximum(self.boundary, self._targets())
-        b = mx.clip(b, lo, self._idx); self.boundary = b
-        bl = b.tolist(); new_lo, new_hi = min(bl), max(bl)
+        lo, hi, W = self._lo(), self.k_store.length, self.window
+        # on the host (no device round trip per layer and step): the rule of `_targets` on host copies
+        tg = [p + max(max(self._idx - p, 0) // W - 1, 0) * W for p in self._host(self.left_padding)]
+        prev = None if self.boundary is None else self._host(self.boundary)
+        bl = [min(max(x, lo), self._idx) for x in (tg if prev is None else map(max, prev, tg))]
+        self.boundary = mx.array(bl, dtype=mx.int32); self._mirror = (self.boundary, bl)
+        new_lo, new_hi = min(bl), max(bl)
         if new_hi > hi:
             i, j = hi - lo, new_hi - lo
             self.k_store.append(self.k_codec.encode(self.k_exact[:, :, i:j]))
@@ -141,9 +146,44 @@ class VQBatchCache(VQCache):
         mix = lambda p: self.v_codec.mix(mx.where(coded, p, 0.0), vc) + mx.where(coded, 0.0, p) @ ve
         return scores, mix, hi - lo
 
+    def _host(self, a: mx.array) -> list[int]:
+        "A small int32 array as a Python list, from the host copies kept of the last two (no device round trip when they match)."
+        for src, lst in (getattr(self, "_mirror", (None, None)), getattr(self, "_mirror_lp", (None, None))):
+            if src is a: return lst
+        lst = a.tolist()
+        if a is self.left_padding: self._mirror_lp = (a, lst)
+        return lst
+
+    def _attend_rows(self, queries, keys, values, scale, sinks):
+        """A decode step (one query per row) through the method's fused decode kernel with per-row ranges, or None
+        where there is none (`fused_decode` without `takes_rows`, CPU, unsupported layout). Row b attends to its
+        codes [left_padding[b], boundary[b]) and to its fp16 tokens from boundary[b] on (the window, the step's key):
+        exactly what `make_mask`'s one-query mask lets it see, so the mask is not needed."""
+        fused = self._fused()
+        if fused is None or not getattr(fused, "takes_rows", False) or self.deferred is not None: return None
+        hi, B, H = self.k_store.length, keys.shape[0], keys.shape[1]
+        lp = self._host(self.left_padding)
+        if self.k_exact is None: lo, bl, ek, ev = hi, [hi] * B, keys, values
+        else:
+            lo = self._lo()
+            bl = self._host(self.boundary) if self.boundary is not None else [hi] * B
+            ek = mx.concatenate([self.k_exact.astype(keys.dtype), keys], axis=2)
+            ev = mx.concatenate([self.v_exact.astype(values.dtype), values], axis=2)
+        ce = [max(p, min(b, hi)) for p, b in zip(lp, bl)]
+        n = max(c - p for p, c in zip(lp, ce))
+        if n <= 0: return None
+        r = [(p, c, max(b, p, lo) - lo) for p, b, c in zip(lp, bl, ce)]
+        rows = mx.array(np.repeat(np.array(r, np.int32), H, axis=0))
+        try: return fused(queries, self.k_store.arrays, self.v_store.arrays, n, ek, ev, scale, sinks, rows=rows)
+        except gpu.KernelFailed: return None  # the safety net warned once: the reference path
+
     def attend(self, queries, keys, values, scale, mask, sinks=None):
         """Attention of `queries` [B, Hq, L, D] over codes, fp16 window, deferred prefill tokens and the
-        step's keys; `mask` is `make_mask`'s boolean [B, 1, L, _idx] (padding and causality)."""
+        step's keys; `mask` is `make_mask`'s boolean [B, 1, L, _idx] (padding and causality). A decode step takes the
+        method's fused kernel with per-row ranges where it has one (`_attend_rows`), else the blockwise reference."""
+        if queries.shape[2] == 1 and self.k_store.length and (out := self._attend_rows(queries, keys, values, scale, sinks)) is not None:
+            if self.pending is not None: self._store_pending()
+            return out
         dk, dv = self.deferred or (None, None)
         hi = self.k_store.length; lo = self._lo() if self.k_exact is not None else hi
         xk = None if self.k_exact is None else self.k_exact[:, :, hi - lo:]

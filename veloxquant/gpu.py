@@ -10,10 +10,10 @@ from pathlib import Path
 import mlx.core as mx
 
 # %% auto #0
-__all__ = ['COMPAT_METAL', 'PROLOGUE_METAL', 'COMPAT_CUDA', 'VQ_MMA_EMUL', 'PROLOGUE_CUDA', 'FAILED', 'DECODE_PARTIAL_OUTPUTS',
-           'DECODE_FINISH', 'DECODE_FINISH_INPUTS', 'DECODE_FINISH_CU_TYPES', 'FUSED_DECODE', 'DECODE_WARPS',
-           'MERGE_WARPS', 'DECODE_TARGET_GROUPS', 'MMA_WARPS', 'MMA_TARGET_GROUPS', 'MMA_TOKENS', 'KERNELS',
-           'DECODE_MERGE_BODY', 'DECODE_MERGE_INPUTS', 'DECODE_MERGE_CU_TYPES', 'backend', 'KernelFailed',
+__all__ = ['COMPAT_METAL', 'PROLOGUE_METAL', 'COMPAT_CUDA', 'VQ_MMA_EMUL', 'PROLOGUE_CUDA', 'FAILED', 'DECODE_ROWS',
+           'DECODE_PARTIAL_OUTPUTS', 'DECODE_FINISH', 'DECODE_FINISH_INPUTS', 'DECODE_FINISH_CU_TYPES', 'FUSED_DECODE',
+           'DECODE_WARPS', 'MERGE_WARPS', 'DECODE_TARGET_GROUPS', 'MMA_WARPS', 'MMA_TARGET_GROUPS', 'MMA_TOKENS',
+           'KERNELS', 'DECODE_MERGE_BODY', 'DECODE_MERGE_INPUTS', 'DECODE_MERGE_CU_TYPES', 'backend', 'KernelFailed',
            'inject_failure', 'GuardedKernel', 'kernel_failed', 'decode_split', 'cuda_source', 'metal_source',
            'register_kernel', 'all_kernels', 'kernel_files', 'write_kernel_files', 'nvcc_check', 'nvcc_check_all',
            'DecodeStep']
@@ -262,13 +262,21 @@ for (int i = vq_tid; i < REP * D; i += 32 * NW) {
   for (int w = 0; w < NW; w++) M = fmax(M, wm[w * REP + r]);
   float L = 0.0f, A = 0.0f;
   for (int w = 0; w < NW; w++) {
-    const float e = vq_exp2(wm[w * REP + r] - M);
+    const float e = M == VQ_NEG_INF ? 0.0f : vq_exp2(wm[w * REP + r] - M);   // an empty chunk: nothing
     L += wl[w * REP + r] * e; A += wacc[w * REP * D + i] * e;
   }
   const long row = (long)(bh * REP + r) * ns + chunk;
   out_acc[row * D + i % D] = A;
   if (i % D == 0) { out_m[row] = M * 0.6931471805599453f; out_l[row] = L; }
 }
+"""
+
+# The token range of a chunk, in one place for every decode body: tokens [t0, t1) of row bh. With template PR = 0 the
+# rows all attend to tokens [0, n); with PR = 1 (a padded batch) `rr` [B·Hkv, 3] int32 gives each (sequence, kv head)
+# row its own coded range [rr[3bh], rr[3bh + 1]) (left padding skipped, tokens a row holds in fp16 left to the merge),
+# chunks of `split` tokens from its start (n = the longest range: the grid); a chunk past a row's end is empty.
+DECODE_ROWS = r"""const int cs = PR ? rr[3 * bh] : 0, ce = PR ? rr[3 * bh + 1] : n;
+const int t0 = cs + chunk * split, t1 = min(ce, t0 + split);
 """
 
 DECODE_PARTIAL_OUTPUTS = ["out_m", "out_l", "out_acc"]  # what a decode kernel writes per chunk (as `_MMA_CHUNK_TAIL` does) and the merge reads
@@ -389,6 +397,11 @@ def _no_sinks():
     return _const_zeros()
 
 @lru_cache(maxsize=None)
+def _no_rows():
+    "The `rr` input of decode kernels launched without per-row ranges (template PR = 0: never read)."
+    z = mx.zeros((3,), mx.int32); mx.eval(z); return z
+
+@lru_cache(maxsize=None)
 def _const_zeros():
     z = mx.zeros((1,), mx.float32); mx.eval(z); return z
 
@@ -500,10 +513,11 @@ DECODE_MERGE_BODY = r"""
 // the first E = eref_shape[0] tokens are read (a preallocated window buffer: ECAP >= E); sinks: [ROWS] float32 (read
 // only when HS); template SCALE as the decode kernels. ROT = 1: the chunk partials are in a rotated domain (acc = p·(v R)),
 // the exact keys/values and q are not; out = (acc_chunks · Rᵀ + acc_exact) / L with rot: [D, D] float32 (R, row-major).
+// PR = 1 (a padded batch): exact token e of kv row kv counts from rr[3 kv + 2] on (`DECODE_ROWS`); PR = 0: all of them.
 // out: [ROWS, D] in OT. One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
 constexpr int DPL = D / 32;
 VQ_SHARED float wl[NW], wacc[NW * D], wex[ROT ? NW * D : 1], ac[ROT ? D : 1];
-const int row = vq_group_x, kv = row / REP;
+const int row = vq_group_x, kv = row / REP, es = PR ? rr[3 * kv + 2] : 0;
 const int E = eref_shape[0], ecap = ek_shape[2], has_sinks = HS;
 const int ns = pm_shape[1];
 const float scale = vq_as_float(SCALE);
@@ -513,7 +527,7 @@ for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL
 float M = has_sinks ? sinks[row] : VQ_NEG_INF;        // pass 1: the global maximum (chunks, exact tokens, sink)
 for (int c = vq_lane; c < ns; c += 32) M = fmax(M, pm[(long)row * ns + c]);
 M = vq_simd_max(M);
-for (int e = 0; e < E; e++) {
+for (int e = es; e < E; e++) {
   float s = 0.0f;
   VQ_UNROLL
   for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
@@ -527,7 +541,7 @@ for (int c = vq_warp; c < ns; c += NW) {
   VQ_UNROLL
   for (int k = 0; k < DPL; k++) acc[k] += pacc[((long)row * ns + c) * D + vq_lane * DPL + k] * w;
 }
-for (int e = vq_warp; e < E; e += NW) {
+for (int e = es + vq_warp; e < E; e += NW) {
   float s = 0.0f;
   VQ_UNROLL
   for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
@@ -562,23 +576,24 @@ if (ROT) {
   }
 }
 """
-DECODE_MERGE_INPUTS = ["pm", "pl", "pacc", "q", "ek", "ev", "sinks", "eref", "rot"]
+DECODE_MERGE_INPUTS = ["pm", "pl", "pacc", "q", "ek", "ev", "sinks", "eref", "rot", "rr"]
 
 def _merge_partials(m, l, acc, q2, ek, ev, sinks, scale: float, rep: int, merge_warps: int, out_dtype,
-                    n_exact: int | None = None, rot=None, out_shape=None):
+                    n_exact: int | None = None, rot=None, out_shape=None, ranges=None):
     """The second dispatch of a decode step (`DECODE_MERGE_BODY`): chunk partials `m`, `l` [ROWS, NS], `acc` [ROWS, NS, D]
     with the queries `q2` [ROWS, D] (or any row-contiguous array of ROWS·D elements, e.g. [B, Hq, 1, D]), the exact
     keys/values `ek`, `ev` [B, Hkv, ECAP, D] of which the first `n_exact` (default ECAP) tokens count, optional sink
     logits [Hq] and, when the partials were accumulated in a rotated domain, the float32 rotation `rot` [D, D] to
-    undo (`out = acc·rotᵀ`; the exact tokens and `q2` stay unrotated). Returns [ROWS, D] (or `out_shape`) in `out_dtype`."""
+    undo (`out = acc·rotᵀ`; the exact tokens and `q2` stay unrotated); `ranges`: int32 [B·Hkv, 3] of a padded batch
+    (`DECODE_ROWS`: exact tokens count from ranges[:, 2] on). Returns [ROWS, D] (or `out_shape`) in `out_dtype`."""
     rows, D = l.shape[0], acc.shape[-1]
     Hq = sinks.shape[0] if sinks is not None else 0
     sk = (mx.broadcast_to(sinks.astype(mx.float32).reshape(1, Hq), (rows // Hq, Hq)).reshape(rows) if sinks is not None else _no_sinks())
     kern = _kernel("vq_decode_merge", DECODE_MERGE_BODY, tuple(DECODE_MERGE_INPUTS), ("out",), backend())
     (out,) = kern(inputs=[m, l, acc, q2, ek, ev, sk, _nref(ek.shape[2] if n_exact is None else n_exact),
-                          _no_sinks() if rot is None else rot],
+                          _no_sinks() if rot is None else rot, _no_rows() if ranges is None else ranges],
                   template=[("D", D), ("REP", rep), ("NW", merge_warps), ("OT", out_dtype), ("HS", int(sinks is not None)),
-                            ("ROT", int(rot is not None)), ("SCALE", _float_bits(scale))],
+                            ("ROT", int(rot is not None)), ("SCALE", _float_bits(scale)), ("PR", int(ranges is not None))],
                   grid=(32 * merge_warps * rows, 1, 1), threadgroup=(32 * merge_warps, 1, 1),
                   output_shapes=[out_shape or (rows, D)], output_dtypes=[out_dtype])
     return out
@@ -590,12 +605,16 @@ class DecodeStep:
     the merge (`DECODE_MERGE_BODY`) or, with `fused` (and `FUSED_DECODE`), the same body with `DECODE_FINISH` appended:
     the whole step in one dispatch. `rot`: the value rotation R [D, D] when the partials are rotated (turboquant); `hs`:
     sink logits are given. Queries [B, Hq, 1, D] go in as they are (row-contiguous); exact K/V may be a window buffer with
-    `n_exact` valid tokens. A call picks the chunk size for `n` (memoised) and launches; returns [B, Hq, 1, D]."""
+    `n_exact` valid tokens. A call picks the chunk size for `n` (memoised) and launches; returns [B, Hq, 1, D].
+    `rows` (int32 [B·Hkv, 3], a padded batch): per (sequence, kv head) row its coded tokens [rows[:, 0], rows[:, 1]) and
+    its first exact token rows[:, 2] (`DECODE_ROWS`; template PR = 1, always two dispatches); `n` is then the longest
+    coded range."""
     def __init__(self, name, body, inputs, tmpl, B, Hq, Hkv, D, dtype, scale, warps, target=None, fused=False, rot=None, hs=False):
         be, f32 = backend(), mx.float32
         self.B, self.Hkv, self.rep, self.D, self.rows, self.dtype, self.scale = B, Hkv, Hq // Hkv, D, B * Hq, dtype, scale
         self.tmpl, self.warps, self.target, self.tg, self.oshape = list(tmpl), warps, target, (32 * warps, 1, 1), (B, Hq, 1, D)
         self.kern = _kernel(f"vq_{name}", body, tuple(inputs), tuple(DECODE_PARTIAL_OUTPUTS), be)
+        self.takes_rows = "rr" in inputs  # the body reads per-row ranges (`DECODE_ROWS`): its inputs end with nref, rr
         self.fused, self.hs = bool(fused and FUSED_DECODE), hs
         self.rot = None if rot is None else mx.contiguous(rot.astype(f32))
         self.rott = None if rot is None else mx.contiguous(rot.astype(f32).T)
@@ -606,32 +625,36 @@ class DecodeStep:
         mx.eval(*[a for a in (self.rot, self.rott, getattr(self, "cnt", None)) if a is not None])
         self.per_n = {}
 
-    def _launch(self, n):
+    def _launch(self, n, pr=0):
         split = decode_split(n, self.B * self.Hkv, self.target, warps=self.warps); ns = -(-n // split)
-        tmpl = self.tmpl + [("SPLIT", split), ("SCALE", _float_bits(self.scale))]
-        if self.fused: tmpl += [("HS", int(self.hs)), ("ROT", int(self.rot is not None)), ("OT", self.dtype)]
+        tmpl = self.tmpl + [("SPLIT", split), ("SCALE", _float_bits(self.scale)), ("PR", pr)]
+        if self.fused and not pr: tmpl += [("HS", int(self.hs)), ("ROT", int(self.rot is not None)), ("OT", self.dtype)]
         if len(self.per_n) > 256: self.per_n.clear()
-        p = self.per_n[n] = (tmpl, (32 * self.warps * ns, self.B * self.Hkv, 1), [(self.rows, ns), (self.rows, ns), (self.rows, ns, self.D)])
+        p = self.per_n[n, pr] = (tmpl, (32 * self.warps * ns, self.B * self.Hkv, 1), [(self.rows, ns), (self.rows, ns), (self.rows, ns, self.D)])
         return p
 
-    def __call__(self, inputs, n, queries, ek, ev, sinks=None, n_exact=None):
-        tmpl, grid, shapes = self.per_n.get(n) or self._launch(n)
-        if self.fused:
-            return self.fkern(inputs=inputs + [_nref(n)] + _finish_inputs(queries, ek, ev, n_exact, sinks, self.rott, self.cnt),
+    def __call__(self, inputs, n, queries, ek, ev, sinks=None, n_exact=None, rows=None):
+        pr = int(rows is not None)
+        tmpl, grid, shapes = self.per_n.get((n, pr)) or self._launch(n, pr)
+        if self.fused and not pr:
+            return self.fkern(inputs=inputs + [_nref(n)] + [_no_rows()] * self.takes_rows + _finish_inputs(queries, ek, ev, n_exact, sinks, self.rott, self.cnt),
                               template=tmpl, grid=grid, threadgroup=self.tg, output_shapes=shapes + [self.oshape],
                               output_dtypes=[mx.float32, mx.float32, mx.float32, self.dtype])[3]
-        m, l, acc = self.kern(inputs=inputs + [_nref(n)], template=tmpl, grid=grid, threadgroup=self.tg, output_shapes=shapes,
-                              output_dtypes=[mx.float32, mx.float32, mx.float32])
+        if rows is not None and not self.takes_rows: raise ValueError(f"decode kernel vq_{self.kern.name} takes no per-row ranges")
+        rr = [_no_rows() if rows is None else rows] if self.takes_rows else []
+        m, l, acc = self.kern(inputs=inputs + [_nref(n)] + rr, template=tmpl, grid=grid,
+                              threadgroup=self.tg, output_shapes=shapes, output_dtypes=[mx.float32, mx.float32, mx.float32])
         return _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, MERGE_WARPS, self.dtype, n_exact,
-                               rot=self.rot, out_shape=self.oshape)
+                               rot=self.rot, out_shape=self.oshape, ranges=rows)
 
 DECODE_MERGE_CU_TYPES = dict(inputs=[("pm", "float32"), ("pl", "float32"), ("pacc", "float32"), ("q", "OT"),
-                                     ("ek", "OT"), ("ev", "OT"), ("sinks", "float32"), ("eref", "uint8"), ("rot", "float32")],
+                                     ("ek", "OT"), ("ev", "OT"), ("sinks", "float32"), ("eref", "uint8"), ("rot", "float32"),
+                                     ("rr", "int32")],
                              outputs=[("out", "OT")])
-register_kernel("decode_merge", DECODE_MERGE_BODY, DECODE_MERGE_CU_TYPES, dict(D=128, REP=4, NW=4, OT="float16", HS=0, ROT=0, SCALE=_float_bits(128 ** -0.5)),
-                [dict(D=64, REP=3, NW=2, OT="float32", HS=1, ROT=1, SCALE=_float_bits(0.125)),
-                 dict(D=128, REP=8, NW=8, OT="bfloat16", HS=1, ROT=0, SCALE=_float_bits(1.0)),
-                 dict(D=128, REP=4, NW=4, OT="float16", HS=0, ROT=1, SCALE=_float_bits(128 ** -0.5))])
+register_kernel("decode_merge", DECODE_MERGE_BODY, DECODE_MERGE_CU_TYPES, dict(D=128, REP=4, NW=4, OT="float16", HS=0, ROT=0, SCALE=_float_bits(128 ** -0.5), PR=0),
+                [dict(D=64, REP=3, NW=2, OT="float32", HS=1, ROT=1, SCALE=_float_bits(0.125), PR=1),
+                 dict(D=128, REP=8, NW=8, OT="bfloat16", HS=1, ROT=0, SCALE=_float_bits(1.0), PR=0),
+                 dict(D=128, REP=4, NW=4, OT="float16", HS=0, ROT=1, SCALE=_float_bits(128 ** -0.5), PR=1)])
 
 # %% ../nbs/03b_gpu.ipynb #b7205c19
 _PACK_SNIPPET = r"""

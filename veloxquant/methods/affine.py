@@ -12,7 +12,7 @@ import veloxquant.gpu as gpu
 from ..gpu import (
     DECODE_PARTIAL_OUTPUTS, DECODE_WARPS, MERGE_WARPS, MMA_TARGET_GROUPS, MMA_TOKENS, MMA_WARPS, decode_split,
     register_kernel, _MMA_CHUNK_TAIL, _MMA_DEFINE, _MMA_ONLINE_SOFTMAX, _check_step, _float_bits, _is_int, _kernel,
-    _merge_partials, _nref, _pack, _smem_limit)
+    _merge_partials, _nref, _no_rows, _pack, _smem_limit, DECODE_ROWS)
 
 # %% auto #0
 __all__ = ['AFFINE_BITS', 'METHOD', 'AFFINE_DECODE_BODY', 'AFFINE_DECODE_INPUTS', 'AFFINE_DECODE_OUTPUTS',
@@ -77,7 +77,7 @@ def _make(config: KVCacheConfig):
         if not (cfg.use_kernels and kd == vd and affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size)):
             return None
         plans = {}  # one launch plan per (shape, dtype, scale): the checks run once, a step only launches
-        def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None):
+        def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None, rows=None):
             key = (queries.shape, ek.shape[:2], queries.dtype, scale, sinks is None)
             p = plans.get(key)
             if p is None:
@@ -85,8 +85,9 @@ def _make(config: KVCacheConfig):
                 ok = L == 1 and Hq % ek.shape[1] == 0 and affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size, Hq // ek.shape[1])
                 p = plans[key] = _decode_plan(queries.shape, ek.shape[1], queries.dtype, scale, cfg.key_bits, cfg.value_bits, cfg.group_size, sinks is not None) if ok else False
             if p is False: return None  # too many query heads per kv head for threadgroup memory: the reference path
-            return p([queries, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"]], n, queries, ek, ev, sinks, n_exact)
+            return p([queries, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"]], n, queries, ek, ev, sinks, n_exact, rows=rows)
         run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
+        run.takes_rows = True    # a padded batch: per-row coded and exact ranges (`gpu.DecodeStep`, `rows`)
         return run
     # Appends stay on `mx.quantize` (two native dispatches): on the H200 it is faster than the one-dispatch
     # `affine_fused_append` (0.57-0.64x, see nbs/13_bench.ipynb), so that kernel is not wired in here.
@@ -113,8 +114,7 @@ VQ_SHARED float wacc[NW * REP * D];
 const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
 const float scale = vq_as_float(SCALE);
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
-const int t0 = chunk * split, t1 = min(n, t0 + split);
-for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
+""" + DECODE_ROWS + r"""for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
 vq_barrier();
 for (int i = vq_tid; i < REP * NG; i += 32 * NW) {
   float a = 0.0f;
@@ -246,7 +246,7 @@ for (int i = vq_tid; i < REP * D; i += 32 * NW) {
   for (int w = 0; w < NW; w++) M = fmax(M, wm[w * REP + r]);
   float L = 0.0f, A = 0.0f;
   for (int w = 0; w < NW; w++) {
-    const float e = exp(wm[w * REP + r] - M);
+    const float e = M == VQ_NEG_INF ? 0.0f : exp(wm[w * REP + r] - M);   // an empty chunk: nothing
     L += wl[w * REP + r] * e; A += wacc[w * REP * D + i] * e;
   }
   const long row = (long)(bh * REP + r) * ns + chunk;
@@ -254,7 +254,7 @@ for (int i = vq_tid; i < REP * D; i += 32 * NW) {
   if (i % D == 0) { out_m[row] = M; out_l[row] = L; }
 }
 """
-AFFINE_DECODE_INPUTS = ["q", "kw", "ks", "kb", "vw", "vs", "vb", "nref"]
+AFFINE_DECODE_INPUTS = ["q", "kw", "ks", "kb", "vw", "vs", "vb", "nref", "rr"]
 AFFINE_DECODE_OUTPUTS = DECODE_PARTIAL_OUTPUTS
 
 # %% ../../nbs/methods/affine.ipynb #bbf2f220
@@ -275,8 +275,7 @@ VQ_SHARED float wacc[NW * REP * D];
 const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
 const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 units: exp2 below
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
-const int t0 = chunk * split, t1 = min(n, t0 + split);
-for (int i = vq_tid; i < REP * D; i += 32 * NW) {   // fp16-rounded scaled query, odd channels / 16 (they meet 16 c)
+""" + DECODE_ROWS + r"""for (int i = vq_tid; i < REP * D; i += 32 * NW) {   // fp16-rounded scaled query, odd channels / 16 (they meet 16 c)
   const float x = vq_float(q[(long)bh * REP * D + i]) * scale * ((i & 1) ? 0.0625f : 1.0f);
   qs[i] = vq_h2_float2(vq_bits_h2(vq_h2_pair(x, 0.0f))).x;
 }
@@ -493,15 +492,15 @@ def mma_decode_supported(head_dim: int, key_bits: int, value_bits: int, group_si
 def _decode_partials(q2, k: dict, v: dict, n, split, B, Hkv, rep, D, key_bits, value_bits, group_size, warps, scale,
                      mma: bool = False, emulate: bool = False):
     ns = -(-n // split); rows = B * Hkv * rep
-    inputs = [q2, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"], _nref(n)]
+    inputs = [q2, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"], _nref(n), _no_rows()]
     if mma:
         kern = _kernel("vq_affine_mma_decode", AFFINE_MMA_DECODE_BODY, tuple(AFFINE_MMA_DECODE_INPUTS), tuple(AFFINE_DECODE_OUTPUTS), gpu.backend())
         template = [("D", D), ("G", group_size), ("REP", rep), ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)),
-                    ("PF", 1), ("SPLIT", split), ("SCALE", _float_bits(scale))]
+                    ("PF", 1), ("SPLIT", split), ("SCALE", _float_bits(scale)), ("PR", 0)]
     else:
         kern = _kernel("vq_affine_decode", AFFINE_DECODE_BODY, tuple(AFFINE_DECODE_INPUTS), tuple(AFFINE_DECODE_OUTPUTS), gpu.backend())
         template = [("D", D), ("KBITS", key_bits), ("VBITS", value_bits), ("G", group_size), ("REP", rep), ("NW", warps),
-                    ("SPLIT", split), ("SCALE", _float_bits(scale))]
+                    ("SPLIT", split), ("SCALE", _float_bits(scale)), ("PR", 0)]
     return kern(inputs=inputs, template=template, grid=(32 * warps * ns, B * Hkv, 1), threadgroup=(32 * warps, 1, 1),
                 output_shapes=[(rows, ns), (rows, ns), (rows, ns, D)], output_dtypes=[mx.float32, mx.float32, mx.float32])
 
@@ -648,21 +647,21 @@ def affine_fused_append(keys, values, key_bits: int, value_bits: int, group_size
 
 # %% ../../nbs/methods/affine.ipynb #52feb790
 AFFINE_DECODE_CU_TYPES = dict(inputs=[("q", "float16"), ("kw", "uint32"), ("ks", "float16"), ("kb", "float16"),
-                                      ("vw", "uint32"), ("vs", "float16"), ("vb", "float16"), ("nref", "uint8")],
+                                      ("vw", "uint32"), ("vs", "float16"), ("vb", "float16"), ("nref", "uint8"), ("rr", "int32")],
                               outputs=[("out_m", "float32"), ("out_l", "float32"), ("out_acc", "float32")])
 AFFINE_APPEND_CU_TYPES = dict(inputs=[("xk", "float16"), ("xv", "float16")],
                               outputs=[("kw", "uint32"), ("ks", "float16"), ("kb", "float16"), ("vw", "uint32"), ("vs", "float16"), ("vb", "float16")])
 
-register_kernel("affine_decode", AFFINE_DECODE_BODY, AFFINE_DECODE_CU_TYPES, dict(D=128, KBITS=4, VBITS=4, G=64, REP=4, NW=4, SPLIT=512, SCALE=_float_bits(128 ** -0.5)),
-                [dict(D=64, KBITS=2, VBITS=4, G=32, REP=1, NW=2, SPLIT=128, SCALE=_float_bits(0.125)),
-                 dict(D=64, KBITS=4, VBITS=8, G=64, REP=3, NW=4, SPLIT=200, SCALE=_float_bits(1.0)),
-                 dict(D=128, KBITS=8, VBITS=2, G=128, REP=8, NW=8, SPLIT=8192, SCALE=_float_bits(0.1))])
-register_kernel("affine_mma_decode", AFFINE_MMA_DECODE_BODY, AFFINE_DECODE_CU_TYPES, dict(D=128, G=64, REP=4, NW=4, U=2, EMU=0, PF=1, SPLIT=512, SCALE=_float_bits(128 ** -0.5)),
-                [dict(D=64, G=64, REP=3, NW=4, U=2, EMU=0, PF=1, SPLIT=256, SCALE=_float_bits(0.125)),
-                 dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SPLIT=200, SCALE=_float_bits(1.0)),
-                 dict(D=128, G=128, REP=16, NW=4, U=2, EMU=1, PF=0, SPLIT=8192, SCALE=_float_bits(0.1))])
+register_kernel("affine_decode", AFFINE_DECODE_BODY, AFFINE_DECODE_CU_TYPES, dict(D=128, KBITS=4, VBITS=4, G=64, REP=4, NW=4, SPLIT=512, SCALE=_float_bits(128 ** -0.5), PR=0),
+                [dict(D=64, KBITS=2, VBITS=4, G=32, REP=1, NW=2, SPLIT=128, SCALE=_float_bits(0.125), PR=1),
+                 dict(D=64, KBITS=4, VBITS=8, G=64, REP=3, NW=4, SPLIT=200, SCALE=_float_bits(1.0), PR=0),
+                 dict(D=128, KBITS=8, VBITS=2, G=128, REP=8, NW=8, SPLIT=8192, SCALE=_float_bits(0.1), PR=1)])
+register_kernel("affine_mma_decode", AFFINE_MMA_DECODE_BODY, AFFINE_DECODE_CU_TYPES, dict(D=128, G=64, REP=4, NW=4, U=2, EMU=0, PF=1, SPLIT=512, SCALE=_float_bits(128 ** -0.5), PR=0),
+                [dict(D=64, G=64, REP=3, NW=4, U=2, EMU=0, PF=1, SPLIT=256, SCALE=_float_bits(0.125), PR=1),
+                 dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SPLIT=200, SCALE=_float_bits(1.0), PR=0),
+                 dict(D=128, G=128, REP=16, NW=4, U=2, EMU=1, PF=0, SPLIT=8192, SCALE=_float_bits(0.1), PR=1)])
 register_kernel("affine_mma_decode_fused", AFFINE_MMA_DECODE_BODY + gpu.DECODE_FINISH, dict(inputs=AFFINE_DECODE_CU_TYPES["inputs"] + gpu.DECODE_FINISH_CU_TYPES,
-                outputs=AFFINE_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, G=64, REP=4, NW=4, U=2, EMU=0, PF=1, SPLIT=256, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=0, OT="float16"),
-                [dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SPLIT=200, SCALE=_float_bits(1.0), HS=1, ROT=0, OT="bfloat16")])
+                outputs=AFFINE_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, G=64, REP=4, NW=4, U=2, EMU=0, PF=1, SPLIT=256, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=0, OT="float16", PR=0),
+                [dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SPLIT=200, SCALE=_float_bits(1.0), HS=1, ROT=0, OT="bfloat16", PR=0)])
 register_kernel("affine_append", AFFINE_APPEND_BODY, AFFINE_APPEND_CU_TYPES, dict(D=128, KBITS=4, VBITS=4, G=64),
                 [dict(D=64, KBITS=3, VBITS=8, G=32), dict(D=96, KBITS=5, VBITS=6, G=32), dict(D=256, KBITS=2, VBITS=4, G=128)])

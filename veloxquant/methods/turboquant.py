@@ -12,10 +12,10 @@ from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, c
 from ..cache import Codec, VQCache, register_cache_class, seal_state
 from ..quant import rotation, codebook, pack_bits, unpack_bits, packed_words, ROTATIONS
 import veloxquant.gpu as gpu
-from veloxquant.gpu import (
+from ..gpu import (
     DECODE_PARTIAL_OUTPUTS, MERGE_WARPS, MMA_TARGET_GROUPS, MMA_TOKENS, MMA_WARPS, decode_split, register_kernel,
     _MMA_CHUNK_TAIL, _MMA_DEFINE, _MMA_ONLINE_SOFTMAX, _check_step, _float_bits, _is_int, _kernel, _merge_partials,
-    _nref, _pack)
+    _nref, _no_rows, _pack, DECODE_ROWS)
 
 # %% auto #0
 __all__ = ['TQ_BITS', 'TQ_CODEBOOKS', 'TQ_VARIANTS', 'METHOD', 'TQ_MMA_DECODE_BODY', 'TQ_DECODE_INPUTS', 'TQ_APPEND_BODY',
@@ -253,7 +253,7 @@ def _make(config: KVCacheConfig):
                 and len(kc.groups) == 1 and len(vc.groups) == 1 and tq_decode_supported(kc.head_dim, kc.bits, vc.bits, 1)):
             return None
         plans = {}  # one prepared step (gpu.DecodeStep, one dispatch) per (shape, dtype, scale): the checks run once
-        def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None):
+        def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None, rows=None):
             key = (queries.shape, ek.shape[:2], queries.dtype, scale, sinks is None)
             p = plans.get(key)
             if p is None:
@@ -264,8 +264,9 @@ def _make(config: KVCacheConfig):
                     queries.dtype, scale, MMA_WARPS, MMA_TARGET_GROUPS, fused=True, rot=vc.R, hs=sinks is not None) if ok else False
             if p is False: return None  # more than 16 query heads per kv head: the reference path
             return p([queries.astype(mx.float32) @ kc.R, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc)],
-                     n, queries, ek, ev, sinks, n_exact)
+                     n, queries, ek, ev, sinks, n_exact, rows=rows)
         run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
+        run.takes_rows = True    # a padded batch: per-row coded and exact ranges (`gpu.DecodeStep`, `rows`)
         return run
     return TurboQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_encode=encode, fused_decode=decode)
 
@@ -291,8 +292,7 @@ VQ_SHARED float wacc[NW * REP * D];
 const int n = nref_shape[0], cap = kc_shape[2], split = SPLIT;
 const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 units: exp2 below
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
-const int t0 = chunk * split, t1 = min(n, t0 + split);
-for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
+""" + DECODE_ROWS + r"""for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
 for (int i = vq_tid; i < (1 << (2 * KB)); i += 32 * NW) lk[i] = klut[i];
 for (int i = vq_tid; i < (1 << (2 * VB)); i += 32 * NW) lv[i] = vlut[i];
 vq_barrier();
@@ -405,7 +405,7 @@ for (int r = 0; r < 2; r++) {
   }
 }
 """ + _MMA_CHUNK_TAIL
-TQ_DECODE_INPUTS = ["q", "kc", "kn", "vc", "vn", "klut", "vlut", "nref"]
+TQ_DECODE_INPUTS = ["q", "kc", "kn", "vc", "vn", "klut", "vlut", "nref", "rr"]
 
 def _int_bits(b) -> int | None:
     "Integer bit width 1–4 of a codec's (possibly float) `bits`, else None."
@@ -477,9 +477,9 @@ def _tq_step(queries, k, v, n, keys, values, scale, sinks, kc, vc, n_exact=None,
     rows, ns, f32 = B * Hq, -(-n // split), mx.float32
     qr = queries.astype(f32) @ kc.R  # [B, Hq, 1, D]: row-contiguous, read as [ROWS, D]
     kern = _kernel("vq_tq_mma_decode", TQ_MMA_DECODE_BODY, tuple(TQ_DECODE_INPUTS), tuple(DECODE_PARTIAL_OUTPUTS), gpu.backend())
-    m, l, acc = kern(inputs=[qr, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _nref(n)],
+    m, l, acc = kern(inputs=[qr, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _nref(n), _no_rows()],
                      template=[("D", D), ("KB", _int_bits(kc.groups[0][2])), ("VB", _int_bits(vc.groups[0][2])), ("REP", rep),
-                               ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)), ("SPLIT", split), ("SCALE", _float_bits(scale))],
+                               ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)), ("SPLIT", split), ("SCALE", _float_bits(scale)), ("PR", 0)],
                      grid=(32 * warps * ns, B * Hkv, 1), threadgroup=(32 * warps, 1, 1),
                      output_shapes=[(rows, ns), (rows, ns), (rows, ns, D)], output_dtypes=[f32, f32, f32])
     return _merge_partials(m, l, acc, queries, keys, values, sinks, scale, rep, merge_warps, queries.dtype, n_exact,
@@ -556,17 +556,17 @@ def tq_fused_append(keys, values, R, key_boundaries, value_boundaries):
 
 # %% ../../nbs/methods/turboquant.ipynb #4c761848
 TQ_DECODE_CU_TYPES = dict(inputs=[("q", "float32"), ("kc", "uint32"), ("kn", "float16"), ("vc", "uint32"), ("vn", "float16"),
-                                  ("klut", "uint32"), ("vlut", "uint32"), ("nref", "uint8")],
+                                  ("klut", "uint32"), ("vlut", "uint32"), ("nref", "uint8"), ("rr", "int32")],
                           outputs=[("out_m", "float32"), ("out_l", "float32"), ("out_acc", "float32")])
 TQ_APPEND_CU_TYPES = dict(inputs=[("xk", "bfloat16"), ("xv", "bfloat16"), ("R", "float32"), ("bk", "float32"), ("bv", "float32")],
                           outputs=[("kc", "uint32"), ("kn", "float16"), ("vc", "uint32"), ("vn", "float16")])
 
-register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SPLIT=512, SCALE=_float_bits(128 ** -0.5)),
-                [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, SPLIT=256, SCALE=_float_bits(0.125)),
-                 dict(D=128, KB=4, VB=1, REP=16, NW=4, U=1, EMU=1, SPLIT=200, SCALE=_float_bits(1.0)),
-                 dict(D=64, KB=1, VB=4, REP=8, NW=2, U=2, EMU=0, SPLIT=8192, SCALE=_float_bits(0.1))])
+register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SPLIT=512, SCALE=_float_bits(128 ** -0.5), PR=0),
+                [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, SPLIT=256, SCALE=_float_bits(0.125), PR=1),
+                 dict(D=128, KB=4, VB=1, REP=16, NW=4, U=1, EMU=1, SPLIT=200, SCALE=_float_bits(1.0), PR=0),
+                 dict(D=64, KB=1, VB=4, REP=8, NW=2, U=2, EMU=0, SPLIT=8192, SCALE=_float_bits(0.1), PR=1)])
 register_kernel("tq_mma_decode_fused", TQ_MMA_DECODE_BODY + gpu.DECODE_FINISH, dict(inputs=TQ_DECODE_CU_TYPES["inputs"] + gpu.DECODE_FINISH_CU_TYPES,
-                outputs=TQ_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SPLIT=256, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16"),
-                [dict(D=64, KB=2, VB=4, REP=8, NW=4, U=1, EMU=1, SPLIT=200, SCALE=_float_bits(1.0), HS=1, ROT=1, OT="bfloat16")])
+                outputs=TQ_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SPLIT=256, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16", PR=0),
+                [dict(D=64, KB=2, VB=4, REP=8, NW=4, U=1, EMU=1, SPLIT=200, SCALE=_float_bits(1.0), HS=1, ROT=1, OT="bfloat16", PR=0)])
 register_kernel("tq_append", TQ_APPEND_BODY, TQ_APPEND_CU_TYPES, dict(D=128, KBITS=3, VBITS=3),
                 [dict(D=64, KBITS=1, VBITS=4), dict(D=96, KBITS=3, VBITS=2), dict(D=256, KBITS=4, VBITS=4)])
