@@ -36,8 +36,8 @@ class KVQuantConfig(MethodConfig):
     set per layer by the builder); `mixed` (default False; True: the calibration gives every layer's keys and values
     their own width in {2, 3, 4}, keys at least min(3, key_bits), at the same total bits as `key_bits`, `value_bits` in
     every layer, by a greedy exchange on the Fisher-weighted error: `allocate_widths`). The artifact depends on every
-    field except `sinks`, `window`, `path`, `layer` (`mixed`, `mixed_bits`, `value_rotation` only when set, so the artifacts
-    made before them stay valid). `mixed_bits` (default 0.0: the uniform setting's total; else, with `mixed`, the average
+    field except `sinks`, `window`, `path`, `layer` (`mixed`, `mixed_width`, `value_rotation` only when set, so the artifacts
+    made before them stay valid). `mixed_width` (default 0.0: the uniform setting's total; else, with `mixed`, the average
     width per slot, in [the floors' average, 4], the total rounded to whole slot-bits) lets `mixed` spend bits the codecs
     save elsewhere. `value_rotation` (default False; True: each value is rotated by the randomized Hadamard rotation
     of `veloxquant.quant`, stored as its fp16 least-squares scale and the layer's non-uniform levels fitted in the
@@ -55,7 +55,7 @@ class KVQuantConfig(MethodConfig):
     path: str = ""
     layer: int = -1
     mixed: bool = False
-    mixed_bits: float = 0.0
+    mixed_width: float = 0.0
     value_rotation: bool = False
     def validate(self):
         check_choice("key_bits", self.key_bits, KVQ_BITS); check_choice("value_bits", self.value_bits, KVQ_BITS)
@@ -65,11 +65,11 @@ class KVQuantConfig(MethodConfig):
         check_bool("value_rotation", self.value_rotation)
         if self.value_rotation and self.value_outliers:
             raise ValueError(f"value_outliers={self.value_outliers} must be 0 with value_rotation=True (the rotation spreads outliers)")
-        if type(self.mixed_bits) not in (int, float) or isinstance(self.mixed_bits, bool):
-            raise ValueError(f"mixed_bits={self.mixed_bits!r} must be a number")
+        if type(self.mixed_width) not in (int, float) or isinstance(self.mixed_width, bool):
+            raise ValueError(f"mixed_width={self.mixed_width!r} must be a number")
         lo = (min(3, self.key_bits) + 2) / 2
-        if self.mixed_bits and not (self.mixed and lo <= self.mixed_bits <= 4):
-            raise ValueError(f"mixed_bits={self.mixed_bits!r} is out of range: 0 (off), or with mixed=True a value in [{lo}, 4]")
+        if self.mixed_width and not (self.mixed and lo <= self.mixed_width <= 4):
+            raise ValueError(f"mixed_width={self.mixed_width!r} is out of range: 0 (off), or with mixed=True a value in [{lo}, 4]")
         if not isinstance(self.path, str): raise ValueError(f"path={self.path!r} must be a string (a file path, or '')")
 
 # %% ../../nbs/methods/kvquant.ipynb #ed1ba87c
@@ -185,7 +185,7 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
     width's estimated loss ½ Σ F·(x − x̂)² / N on the same subset (F the Fisher information, x̂ the dequantized entry,
     outliers exact; the first token of each calibration window left out: the cache keeps it in fp16, `sinks` ≥ 1), `allocate_widths` picks the widths at the uniform setting's total, and each layer stores the
     levels of its widths plus `sensitivity` float32 [2, 3] (keys / values × widths 2, 3, 4; NaN: not fitted) and
-    `widths` int32 [2]; `options.mixed_bits` (non-zero) sets the total to round(2 · L · mixed_bits) slot-bits instead.
+    `widths` int32 [2]; `options.mixed_width` (non-zero) sets the total to round(2 · L · mixed_width) slot-bits instead.
 
     `options.value_rotation`: the value levels are fitted to the rotated, per-token scaled values z = x R / s
     (`_value_rot`, R the randomized Hadamard rotation `veloxquant.quant.rotation('hadamard', D)`), unclipped, each entry
@@ -239,7 +239,7 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
         err = [{b: float(sens[i][0, b - 2]) for b in range(min(3, options.key_bits), 5)} for i in range(L)] + \
               [{b: float(sens[i][1, b - 2]) for b in range(2, 5)} for i in range(L)]
         floors = [min(3, options.key_bits)] * L + [2] * L
-        mb = float(getattr(options, "mixed_bits", 0.0) or 0.0)
+        mb = float(getattr(options, "mixed_width", 0.0) or 0.0)
         total = int(round(2 * L * mb)) if mb else L * (options.key_bits + options.value_bits)
         w = allocate_widths(err, total, floors)
         widths = [(w[i], w[L + i]) for i in range(L)]
@@ -255,8 +255,8 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
 
 CALIBRATION = calibrate.register_calibration(
     "kvquant", kvquant_calibration, fields=("key_bits", "value_bits", "key_outliers", "value_outliers", "fisher", "qnorm", "mixed",
-                                          "mixed_bits", "value_rotation"),
-    collect=("pre_rope_keys", "values", "pre_rope_key_fisher", "value_fisher"), optional=("mixed", "mixed_bits", "value_rotation"))
+                                          "mixed_width", "value_rotation"),
+    collect=("pre_rope_keys", "values", "pre_rope_key_fisher", "value_fisher"), optional=("mixed", "mixed_width", "value_rotation"))
 
 # %% ../../nbs/methods/kvquant.ipynb #3a4f7992
 def _codes(z, levels):
