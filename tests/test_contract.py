@@ -93,7 +93,8 @@ def test_save_load_roundtrip_bit_exact(tiny_model, tmp_path, spec):
 CALIBRATED = ["vecinfer:key_bits=1,value_bits=2,window=7,iters=3", "vecinfer:key_bits=2,value_bits=1,window=0,iters=3",
               "comm_vq:key_bits=1,value_bits=2,window=7,em=1,iters=3", "comm_vq:key_bits=2,value_bits=1,window=0,em=1,iters=3",
               "a2ats:sel_bits=1,top_k=40,window=7,iters=3", "a2ats:sel_bits=2,key_bits=2,value_bits=2,top_k=40,window=16,iters=3",
-              "kvquant", "kvquant:key_bits=2,value_bits=2,window=8,key_outliers=0", "skvq",
+              "kvquant", "kvquant:key_bits=2,value_bits=2,window=8,key_outliers=0",
+              "kvquant:value_outliers=0,value_rotation=true,mixed=true,mixed_width=3.25,window=4", "skvq",
               "skvq:key_bits=4,value_bits=3,window=0,sinks=0,reorder=false",
               "ratequant:bits=2.5,window=7", "ratequant:base=affine,bits=3,window=0,granularity=layer",
               "palu", "palu:ratio=0.25,bits=16,lrd_heads=1,window=8,sinks=2", "palu:ratio=0.75,bits=2,search=uniform,window=0", "palu:sinks=3"]

@@ -12,13 +12,15 @@ from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, c
 from ..cache import Codec, VQCache, register_cache_class, seal_state
 from ..channel import select_outliers, scatter_outliers
 from ..quant import pack_bits, unpack_bits
+import veloxquant.quant as quant
 from ..attention import blockwise_attention, dense_blocks
 import veloxquant.calibrate as calibrate
 import veloxquant.rope as rope
 
 # %% auto #0
 __all__ = ['KVQ_BITS', 'CALIBRATION', 'METHOD', 'STANDARD_SETTINGS', 'KVQuantConfig', 'weighted_kmeans_1d', 'nearest', 'qnorm',
-           'allocate_widths', 'kvquant_calibration', 'KVQuantKeyCodec', 'KVQuantValueCodec', 'KVQuantCache']
+           'allocate_widths', 'kvquant_calibration', 'KVQuantKeyCodec', 'KVQuantValueCodec', 'KVQuantRotValueCodec',
+           'KVQuantCache']
 
 # %% ../../nbs/methods/kvquant.ipynb #f6c28d3a
 KVQ_BITS = (2, 3, 4)
@@ -34,7 +36,15 @@ class KVQuantConfig(MethodConfig):
     set per layer by the builder); `mixed` (default False; True: the calibration gives every layer's keys and values
     their own width in {2, 3, 4}, keys at least min(3, key_bits), at the same total bits as `key_bits`, `value_bits` in
     every layer, by a greedy exchange on the Fisher-weighted error: `allocate_widths`). The artifact depends on every
-    field except `sinks`, `window`, `path`, `layer` (`mixed` only when set, so the artifacts made before it stay valid)."""
+    field except `sinks`, `window`, `path`, `layer` (`mixed`, `mixed_width`, `value_rotation` only when set, so the artifacts
+    made before them stay valid). `mixed_width` (default 0.0: the uniform setting's total; else, with `mixed`, the average
+    width per slot, in [the floors' average, 4], the total rounded to whole slot-bits) lets `mixed` spend bits the codecs
+    save elsewhere. `value_rotation` (default False; True: each value is rotated by the randomized Hadamard rotation
+    of `veloxquant.quant`, stored as its fp16 least-squares scale and the layer's non-uniform levels fitted in the
+    rotated domain: bits + 16/D bits per element, no value outliers (`value_outliers` must be 0); attention mixes in
+    the rotated domain and rotates back). `max_width` (default 0: widths up to 4, as the paper; else 5–8, with `mixed`):
+    the widest code `mixed` may give a layer's keys or values (5–7-bit codes are stored as a 4-bit and a 1–3-bit
+    packed part)."""
     token_grouped = True  # not a field: sliding layers (bounded anyway) keep their tokens in fp16 (`veloxquant.sliding`)
     key_bits: int = 3
     value_bits: int = 3
@@ -47,11 +57,24 @@ class KVQuantConfig(MethodConfig):
     path: str = ""
     layer: int = -1
     mixed: bool = False
+    mixed_width: float = 0.0
+    value_rotation: bool = False
+    max_width: int = 0
     def validate(self):
         check_choice("key_bits", self.key_bits, KVQ_BITS); check_choice("value_bits", self.value_bits, KVQ_BITS)
         check_int("key_outliers", self.key_outliers, 0, 8); check_int("value_outliers", self.value_outliers, 0, 8)
         check_bool("fisher", self.fisher); check_bool("qnorm", self.qnorm); check_bool("mixed", self.mixed)
         check_int("sinks", self.sinks, 0); check_int("window", self.window, 0); check_int("layer", self.layer, -1)
+        check_bool("value_rotation", self.value_rotation)
+        if self.value_rotation and self.value_outliers:
+            raise ValueError(f"value_outliers={self.value_outliers} must be 0 with value_rotation=True (the rotation spreads outliers)")
+        if type(self.mixed_width) not in (int, float) or isinstance(self.mixed_width, bool):
+            raise ValueError(f"mixed_width={self.mixed_width!r} must be a number")
+        check_choice("max_width", self.max_width, (0, 4, 5, 6, 7, 8))
+        if self.max_width and not self.mixed: raise ValueError(f"max_width={self.max_width} needs mixed=True")
+        lo, hi = (min(3, self.key_bits) + 2) / 2, max(4, self.max_width)
+        if self.mixed_width and not (self.mixed and lo <= self.mixed_width <= hi):
+            raise ValueError(f"mixed_width={self.mixed_width!r} is out of range: 0 (off), or with mixed=True a value in [{lo}, {hi}]")
         if not isinstance(self.path, str): raise ValueError(f"path={self.path!r} must be a string (a file path, or '')")
 
 # %% ../../nbs/methods/kvquant.ipynb #ed1ba87c
@@ -119,6 +142,13 @@ def _value_norm(x, k: int):
     if k: z = scatter_outliers(z, mx.zeros(idx.shape, z.dtype), idx)
     return z, c, r, xv, idx
 
+def _value_rot(x, R):
+    """Values x [..., D] → (z, s): the rotated value x R (R [D, D] orthogonal) divided by s = ‖x‖/√D per token
+    (float32 [..., 1]), so that z has unit mean square per token (mlx)."""
+    x = (x if isinstance(x, mx.array) else mx.array(x)).astype(mx.float32)
+    s = mx.sqrt((x * x).mean(-1, keepdims=True))
+    return (x @ R) / mx.maximum(s, 1e-30), s
+
 # %% ../../nbs/methods/kvquant.ipynb #51cfb27a
 def _sample(n: int, cap: int, seed: int) -> np.ndarray:
     return np.arange(n) if n <= cap else np.sort(np.random.default_rng(seed).choice(n, cap, replace=False))
@@ -159,9 +189,15 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
     `options.mixed`: levels are fitted for every width from the floor (keys min(3, key_bits), values 2) to 4, each
     width's estimated loss ½ Σ F·(x − x̂)² / N on the same subset (F the Fisher information, x̂ the dequantized entry,
     outliers exact; the first token of each calibration window left out: the cache keeps it in fp16, `sinks` ≥ 1), `allocate_widths` picks the widths at the uniform setting's total, and each layer stores the
-    levels of its widths plus `sensitivity` float32 [2, 3] (keys / values × widths 2, 3, 4; NaN: not fitted) and
-    `widths` int32 [2]."""
-    mixed = bool(getattr(options, "mixed", False))
+    levels of its widths plus `sensitivity` float32 [2, top − 1] (keys / values × widths 2 .. top, top = `max_width` or 4; NaN: not fitted) and
+    `widths` int32 [2]; `options.mixed_width` (non-zero) sets the total to round(2 · L · mixed_width) slot-bits instead.
+
+    `options.value_rotation`: the value levels are fitted to the rotated, per-token scaled values z = x R / s
+    (`_value_rot`, R the randomized Hadamard rotation `veloxquant.quant.rotation('hadamard', D)`), unclipped, each entry
+    weighted by s² · mean_i F_i (the diagonal of Rᵀ diag(F) R is mean_i F_i for a Hadamard R, |R_ij| = 1/√D: the loss
+    ½ Σ F (x − x̂)² in the rotated domain, off-diagonal terms dropped)."""
+    mixed = bool(getattr(options, "mixed", False)); vrot = bool(getattr(options, "value_rotation", False))
+    top = int(getattr(options, "max_width", 0) or 4)
     fits, sens = [], []
     out = {}
     for i, s in enumerate(samples):
@@ -172,13 +208,20 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
         center = ((lo + hi) / 2).astype(np.float32); radius = np.maximum((hi - lo) / 2, 1e-6).astype(np.float32)
         center, radius = (a.astype(np.float16).astype(np.float32) for a in (center, radius))  # as the codec stores them
         zk, _, ik = _key_norm(mx.array(K), mx.array(center[:, None]), mx.array(radius[:, None]), options.key_outliers)
-        zv, _, vr, _, iv = _value_norm(mx.array(V), options.value_outliers)
-        scales = (np.broadcast_to(radius[:, None], K.shape), np.broadcast_to(np.array(vr.astype(mx.float32)), V.shape))
+        if vrot:
+            zv, vs = _value_rot(mx.array(V), quant.rotation("hadamard", D)); iv = None
+            vs = np.array(vs)
+            fv = np.broadcast_to(np.asarray(s["value_fisher"], np.float64).mean(-1, keepdims=True), V.shape)
+        else:
+            zv, _, vr, _, iv = _value_norm(mx.array(V), options.value_outliers)
+            vs, fv = np.array(vr.astype(mx.float32)), s["value_fisher"]
+        scales = (np.broadcast_to(radius[:, None], K.shape), np.broadcast_to(vs, V.shape))
         floors = {"key": min(3, options.key_bits), "value": 2}
-        row = np.full((2, 3), np.nan, np.float32); lv = {}
+        row = np.full((2, top - 1), np.nan, np.float32); lv = {}
         for j, (name, z, f, bits, idx) in enumerate((("key", zk, s["pre_rope_key_fisher"], options.key_bits, ik),
-                                                     ("value", zv, s["value_fisher"], options.value_bits, iv))):
-            z0 = np.array(z); z, f = np.clip(z0, -1, 1), np.asarray(f, np.float64)
+                                                     ("value", zv, fv, options.value_bits, iv))):
+            rot = vrot and name == "value"
+            z0 = np.array(z); z, f = (z0 if rot else np.clip(z0, -1, 1)), np.asarray(f, np.float64)
             keep = np.ones(z.shape, bool)
             if idx is not None: np.put_along_axis(keep, np.array(idx).astype(np.int64), False, axis=-1)  # outliers are exact
             zf, ff = z[keep], f[keep]
@@ -186,8 +229,9 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
             fk = ff[sel]
             if mixed and "positions" in s:  # the window's first token is an fp16 sink in the cache: no error there
                 fk = fk * (np.broadcast_to(np.asarray(s["positions"])[None, :, None], z.shape)[keep][sel] > 0)
+            if rot: fk = fk * scales[j][keep][sel].astype(np.float64) ** 2   # the rotated domain's weight s² · mean F
             zf, ff = zf[sel], (fk if options.fisher else np.ones(sel.size))
-            for b in (range(floors[name], 5) if mixed else (bits,)):
+            for b in (range(floors[name], top + 1) if mixed else (bits,)):
                 c = weighted_kmeans_1d(zf, ff, 1 << b)
                 if options.qnorm: c = qnorm(c, zf, ff)
                 lv[name, b] = c
@@ -198,10 +242,12 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
         out[calibrate.layer_key(i, "key_center")] = center; out[calibrate.layer_key(i, "key_radius")] = radius
     if mixed:
         L = len(samples)
-        err = [{b: float(sens[i][0, b - 2]) for b in range(min(3, options.key_bits), 5)} for i in range(L)] + \
-              [{b: float(sens[i][1, b - 2]) for b in range(2, 5)} for i in range(L)]
+        err = [{b: float(sens[i][0, b - 2]) for b in range(min(3, options.key_bits), top + 1)} for i in range(L)] + \
+              [{b: float(sens[i][1, b - 2]) for b in range(2, top + 1)} for i in range(L)]
         floors = [min(3, options.key_bits)] * L + [2] * L
-        w = allocate_widths(err, L * (options.key_bits + options.value_bits), floors)
+        mb = float(getattr(options, "mixed_width", 0.0) or 0.0)
+        total = int(round(2 * L * mb)) if mb else L * (options.key_bits + options.value_bits)
+        w = allocate_widths(err, total, floors, top)
         widths = [(w[i], w[L + i]) for i in range(L)]
     else:
         widths = [(options.key_bits, options.value_bits)] * len(samples)
@@ -214,14 +260,28 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
     return out
 
 CALIBRATION = calibrate.register_calibration(
-    "kvquant", kvquant_calibration, fields=("key_bits", "value_bits", "key_outliers", "value_outliers", "fisher", "qnorm", "mixed"),
-    collect=("pre_rope_keys", "values", "pre_rope_key_fisher", "value_fisher"), optional=("mixed",))
+    "kvquant", kvquant_calibration, fields=("key_bits", "value_bits", "key_outliers", "value_outliers", "fisher", "qnorm", "mixed",
+                                          "mixed_width", "value_rotation", "max_width"),
+    collect=("pre_rope_keys", "values", "pre_rope_key_fisher", "value_fisher"), optional=("mixed", "mixed_width", "value_rotation", "max_width"))
 
 # %% ../../nbs/methods/kvquant.ipynb #3a4f7992
 def _codes(z, levels):
     "Nearest of the ascending `levels` [k] for every entry of z (mlx): uint32 codes."
     mid = (levels[1:] + levels[:-1]) / 2
     return (mx.expand_dims(z, -1) > mid).sum(-1).astype(mx.uint32)
+
+def _pack(codes, bits: int) -> dict:
+    """uint32 codes [..., D] < 2^bits → {"w": packed words} for the widths `pack_bits` packs (2, 3, 4, 8); 5–7 bits as the
+    high 4 bits in "w" and the low bits − 4 in "w2" (both `pack_bits`): bits per code either way."""
+    if bits <= 4 or bits == 8: return {"w": pack_bits(codes, bits)}
+    lo = bits - 4
+    return {"w": pack_bits(codes >> lo, 4), "w2": pack_bits(codes & ((1 << lo) - 1), lo)}
+
+def _unpack(blk, bits: int, n: int):
+    "Inverse of `_pack`: uint32 codes [..., n] of a block."
+    if bits <= 4 or bits == 8: return unpack_bits(blk["w"], bits, n)
+    lo = bits - 4
+    return (unpack_bits(blk["w"], 4, n) << lo) | unpack_bits(blk["w2"], lo, n)
 
 class KVQuantKeyCodec(Codec):
     """KVQuant keys of one layer, **pre-RoPE** (`KVQuantCache` undoes RoPE before encoding and re-applies it at
@@ -244,12 +304,12 @@ class KVQuantKeyCodec(Codec):
     def encode(self, x):
         c, r = self._heads(x)
         z, ov, oi = _key_norm(x.astype(mx.float32), c, r, self.k)
-        out = {"w": pack_bits(_codes(z, self.levels), self.bits)}
+        out = _pack(_codes(z, self.levels), self.bits)
         if self.k: out.update(ov=ov, oi=oi)
         return out
     def decode(self, blk):
         c, r = self._heads(blk["w"])
-        x = mx.take(self.levels, unpack_bits(blk["w"], self.bits, self.head_dim)) * r + c
+        x = mx.take(self.levels, _unpack(blk, self.bits, self.head_dim)) * r + c
         return scatter_outliers(x, blk["ov"], blk["oi"]) if self.k else x
     def shared_artifacts(self): return {}
 
@@ -264,13 +324,39 @@ class KVQuantValueCodec(Codec):
         if self.levels.shape != (1 << bits,): raise ValueError(f"calibration has {self.levels.shape[0]} value levels, not {1 << bits}")
     def encode(self, x):
         z, c, r, ov, oi = _value_norm(x, self.k)
-        out = {"w": pack_bits(_codes(z, self.levels), self.bits), "s": mx.concatenate([c, r], -1)}
+        out = {**_pack(_codes(z, self.levels), self.bits), "s": mx.concatenate([c, r], -1)}
         if self.k: out.update(ov=ov, oi=oi)
         return out
     def decode(self, blk):
         s = blk["s"].astype(mx.float32)
-        x = mx.take(self.levels, unpack_bits(blk["w"], self.bits, self.head_dim)) * s[..., 1:] + s[..., :1]
+        x = mx.take(self.levels, _unpack(blk, self.bits, self.head_dim)) * s[..., 1:] + s[..., :1]
         return scatter_outliers(x, blk["ov"], blk["oi"]) if self.k else x
+
+class KVQuantRotValueCodec(Codec):
+    """KVQuant values in a rotated domain (`value_rotation=True`; not in the paper): y = x R with R the randomized
+    Hadamard rotation of `veloxquant.quant` (seed 0), z = y / s, s = ‖x‖/√D (`_value_rot`), each entry coded as the
+    nearest of the layer's `levels` [2^bits] (`w` uint32 [B, H, T, D·bits/32]) and the token's least-squares scale
+    g = ⟨y, ĉ⟩ / ⟨ĉ, ĉ⟩ of the chosen levels ĉ stored in fp16 (`s` float16 [B, H, T, 1]): bits + 16/D bits per element.
+    Decoding is x̂ = g ĉ Rᵀ; `mix` sums p · g ĉ in the rotated domain and rotates the block's result back once."""
+    compilable = True
+    def __init__(self, head_dim: int, bits: int, levels, seed: int = 0):
+        super().__init__(head_dim); self.bits = bits
+        self.levels = mx.array(levels)
+        if self.levels.shape != (1 << bits,): raise ValueError(f"calibration has {self.levels.shape[0]} value levels, not {1 << bits}")
+        self.R = quant.rotation("hadamard", head_dim, seed); self.rot_name = f"rotation/hadamard/d{head_dim}/seed{seed}"
+    def encode(self, x):
+        z, s = _value_rot(x, self.R)
+        codes = _codes(z, self.levels); c = mx.take(self.levels, codes)
+        g = s * (z * c).sum(-1, keepdims=True) / mx.maximum((c * c).sum(-1, keepdims=True), 1e-30)
+        return {**_pack(codes, self.bits), "s": g.astype(mx.float16)}
+    def rotated(self, blk) -> mx.array:
+        "The block's values in the rotated domain, g ĉ: float32 [B, H, t, D]."
+        return mx.take(self.levels, _unpack(blk, self.bits, self.head_dim)) * blk["s"].astype(mx.float32)
+    def decode(self, blk): return self.rotated(blk) @ self.R.T
+    def mix(self, p, blk): return (p @ mx.expand_dims(self.rotated(blk), 2)) @ self.R.T
+    def value_tile(self, blk, dtype): return self.rotated(blk).astype(dtype)
+    def value_map(self): return self.R.T
+    def shared_artifacts(self): return {self.rot_name: self.R}
 
 # %% ../../nbs/methods/kvquant.ipynb #aece95d7
 @register_cache_class
@@ -343,6 +429,7 @@ def _make(config: KVCacheConfig):
         t = calibrate.layer_tensors("kvquant", cfg, kd)
         kb, vb = (int(b) for b in t["widths"]) if cfg.mixed else (cfg.key_bits, cfg.value_bits)  # mixed: the layer's own widths
         return (KVQuantKeyCodec(kd, kb, cfg.key_outliers, t["key_center"], t["key_radius"], t["key_levels"]),
+                KVQuantRotValueCodec(vd, vb, t["value_levels"]) if cfg.value_rotation else
                 KVQuantValueCodec(vd, vb, cfg.value_outliers, t["value_levels"]))
     return KVQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
 
