@@ -18,12 +18,13 @@ def keep_topk(scores: mx.array, k: int) -> mx.array:
     order = mx.argsort(-scores, axis=-1)  # MLX's sort is stable: equal scores keep index order
     return mx.sort(order[..., :k].astype(mx.int32), axis=-1)
 
-def keep_chunks(scores: mx.array, k: int, chunk: int) -> mx.array:
+def keep_chunks(scores: mx.array, k: int, chunk: int, first: int = 0) -> mx.array:
     """Chunk selection (ChunkKV, Liu et al. 2025, arXiv 2502.00299 §3.1, Alg. 1): the `N` tokens are cut into chunks of
     `chunk` consecutive positions from 0 (the last one may be shorter); a chunk's score is the mean over its tokens of
     the scores summed over the KV heads; the `max(1, ⌊n_chunks·k/N⌋)` best chunks are kept whole, the same for every
     head. Chunks are ranked by the fraction of their tokens that are protected (+inf in every head: the observation
-    window), then by the mean of their other tokens' scores (ties: the lower chunk), so the window is kept first.
+    window), then by the mean of their other tokens' scores (ties: the lower chunk), so the window is kept first;
+    `first` > 0 (attention sinks): the chunks holding positions `[0, first)` rank before all others.
     Fewer than `chunk` tokens: `keep_topk`. scores [B, H, N] → int32 [B, H, K]."""
     B, H, N = scores.shape
     if k >= N or N < chunk: return keep_topk(scores, k)
@@ -35,7 +36,8 @@ def keep_chunks(scores: mx.array, k: int, chunk: int) -> mx.array:
     sizes = mx.array([chunk] * (nc - 1) + [chunk - pad], dtype=mx.float32)
     mean = total / mx.maximum(sizes - n_prot, 1)
     o1 = mx.argsort(-mean, axis=-1)                                                              # stable sorts: a lexicographic order
-    o2 = mx.argsort(-mx.take_along_axis(n_prot / sizes, o1, -1), axis=-1)
+    rank = n_prot / sizes + (mx.arange(nc) * chunk < first)                                       # sink chunks: rank >= 1
+    o2 = mx.argsort(-mx.take_along_axis(rank, o1, -1), axis=-1)
     kc = max(1, (nc * k) // N)
     best = mx.take_along_axis(o1, o2, -1)[:, :kc]                                                # [B, kc] chunk ids
     kept = (mx.arange(N)[None, :, None] // chunk == best[:, None, :]).any(-1)                    # [B, N]

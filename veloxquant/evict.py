@@ -51,13 +51,16 @@ def quantizer_config(spec: str) -> KVCacheConfig:
 @dataclass
 class EvictConfig(MethodConfig):
     """Options every eviction method shares: `budget` (float in (0, 1]) or `capacity` (int ≥ 1), never both (neither:
-    `budget=0.5`); `quantizer`, the per-token method that stores the survivors (a spec string, default `"fp16"`).
+    `budget=0.5`); `quantizer`, the per-token method that stores the survivors (a spec string, default `"fp16"`);
+    `sinks` ≥ 0, the first `sinks` positions (attention sinks) never evicted, before any recent window when the target
+    cannot hold both (default 0: the papers' rules keep none; methods that keep sinks by design default to theirs).
     Methods subclass it with their own fields and call `super().validate()`."""
     budget: float | None = None
     capacity: int | None = None
     quantizer: str = "fp16"
+    sinks: int = 0
     def validate(self):
-        check_budget(self.budget, self.capacity)
+        check_budget(self.budget, self.capacity); check_int("sinks", self.sinks, 0)
         quantizer_config(self.quantizer)
     def target(self, seen: int) -> int:
         "Tokens to hold per KV head (uniform) after `seen` tokens: `min(seen, capacity)` or `min(seen, max(1, ceil(budget·seen)))`."
@@ -241,9 +244,10 @@ class EvictCache(VQCache):
         if decode and self.n > tgt: self._compact(tgt)  # (not reached: the branch above keeps n at the target)
 
     def _effective(self, score, pos, tgt: int) -> mx.array:
-        "Scores with the protected tokens (newest `recent`, first `sinks`) at +inf and padding slots at -inf."
+        """Scores with the protected tokens at +inf and padding slots at -inf: the first `sinks` (the larger of the
+        scorer's and the config's `sinks`) first, then the newest `recent` (`Scorer.protect`), `tgt` at most in all."""
         recent, sinks = self.scorer.protect(tgt)
-        recent = max(0, min(recent, tgt)); sinks = max(0, min(sinks, tgt - recent))
+        sinks = max(0, min(max(sinks, getattr(self.config.options, "sinks", 0)), tgt)); recent = max(0, min(recent, tgt - sinks))
         eff = score
         if recent: eff = mx.where(pos >= self.offset - recent, mx.inf, eff)
         if sinks: eff = mx.where((pos < sinks) & (pos >= 0), mx.inf, eff)
@@ -363,13 +367,12 @@ class EvictCache(VQCache):
     def observe(self, st: "attention.AttentionStats") -> None:
         "Receive the dispatcher's statistics: accumulate (`sum`), replace (`last`) or buffer the observation window (`prompt`)."
         w, n = st.weights, self.n
-        if self.scorer.mode == "prompt":
+        if self.scorer.mode == "prompt":  # the window's weights summed over its rows: [B, Hkv, rep, 1, S], not W rows
             W = self.stats_request.prefill
-            if self.obs_w is not None and self.obs_w.shape[-1] < w.shape[-1]:
-                old = self.obs_w
-                self.obs_w = mx.concatenate([old, mx.zeros((*old.shape[:-1], w.shape[-1] - old.shape[-1]), old.dtype)], -1)
-            self.obs_w = w if self.obs_w is None else mx.concatenate([self.obs_w, w], axis=3)[:, :, :, -W:]
-            self.obs_q = st.queries if self.obs_q is None else mx.concatenate([self.obs_q, st.queries], axis=2)[:, :, -W:]
+            q = st.queries if self.obs_q is None else mx.concatenate([self.obs_q, st.queries], axis=2)[:, :, -W:]
+            keep = q.shape[2] - w.shape[3]  # rows of earlier steps still in the window: their weights recomputed
+            if keep > 0: w = mx.concatenate([self._row_weights(self.obs_q[:, :, -keep:], st.scale, w.shape[-1]), w], axis=3)
+            self.obs_w, self.obs_q = w[:, :, :, -W:].sum(axis=3, keepdims=True), q
             return
         B, H = w.shape[:2]
         pos = self._positions(self.pending_pos, st.L, B, H)
@@ -386,6 +389,16 @@ class EvictCache(VQCache):
         else:  # "last"
             if n: self.score[:, :, :n] = s[..., :n]
             self.pending_score = s[..., n:]
+
+    def _row_weights(self, q, scale: float, S: int) -> mx.array:
+        """Softmax weights [B, Hkv, rep, m, S] of the `m` prompt query rows `q` [B, Hq, m, D] that precede this step, over
+        the held tokens (their whole causal context; columns of this step's tokens 0), recomputed from the held keys."""
+        m, n, (B, H) = q.shape[2], self.n, self.pos.shape[:2]
+        pos, rpos = self.pos[:, :, :n], mx.arange(self.pending_pos - m, self.pending_pos)
+        mask = mx.repeat(((pos[:, :, None, :] <= rpos[:, None]) & (pos[:, :, None, :] >= 0)), q.shape[1] // H, axis=1)
+        blocks = self._blocks(self.block_size or block_tokens(m, q.shape[1]))
+        wr = attention.attention_weights(q, n, blocks, mx.zeros((B, H, 0, q.shape[-1]), mx.float32), scale, mask)
+        return mx.concatenate([wr, mx.zeros((*wr.shape[:-1], S - n), wr.dtype)], -1)
 
     # -- the rest of the mlx-lm contract ------------------------------------------------------------
     def kept_positions(self) -> list:
