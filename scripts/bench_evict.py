@@ -3,7 +3,9 @@
 cache (chunks of 2048), ends the prompt, then times (a) `attend` of one decode query over the held tokens and
 (b) a whole decode step (`update_and_fetch` + the dispatcher, statistics included), the fastest of `reps` runs
 (the minimum: on a shared machine preemption inflates medians), and stock `mx.fast` SDPA over as many tokens.
-Writes JSON rows. Usage: python scripts/bench_evict.py OUT.json [--tokens 4096] [--reps 30]"""
+Writes JSON rows. Usage: python scripts/bench_evict.py OUT.json [--tokens 4096] [--reps 30]
+[--kv-heads 3 --rep 3 --head-dim 64 --dtype float32] (another layer shape / dtype, e.g. a GPU run:
+--tokens 32768 --kv-heads 8 --rep 4 --head-dim 128 --dtype float16)"""
 import argparse, json, time, statistics
 import mlx.core as mx
 import veloxquant as vq
@@ -11,10 +13,12 @@ from veloxquant.evict import run_layer
 from veloxquant.attention import dispatch
 
 p = argparse.ArgumentParser(); p.add_argument("out"); p.add_argument("--tokens", type=int, default=4096); p.add_argument("--reps", type=int, default=30)
+p.add_argument("--kv-heads", type=int, default=3); p.add_argument("--rep", type=int, default=3); p.add_argument("--head-dim", type=int, default=64)
+p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
 a = p.parse_args()
-S, Hkv, rep, D = a.tokens, 3, 3, 64
+S, Hkv, rep, D, dt = a.tokens, a.kv_heads, a.rep, a.head_dim, getattr(mx, a.dtype)
 mx.random.seed(0)
-q = mx.random.normal((1, Hkv * rep, S + a.reps + 8, D)); k = mx.random.normal((1, Hkv, S + a.reps + 8, D)); v = mx.random.normal((1, Hkv, S + a.reps + 8, D))
+q, k, v = (mx.random.normal((1, h, S + a.reps + 8, D)).astype(dt) for h in (Hkv * rep, Hkv, Hkv))
 mx.eval(q, k, v)
 
 def med(f):
@@ -47,4 +51,4 @@ for spec in ["knorm:budget={b}", "knorm:budget={b},quantizer=turboquant:key_bits
         rows.append(dict(method=spec.split(":")[0] + (" + turboquant 3/3" if "turboquant" in spec else ""), budget=b, held=c.n,
                          attend_ms=att, step_ms=stp, sdpa_same_tokens_ms=sd, layer_nbytes=c.nbytes))
         print(rows[-1], flush=True)
-json.dump(dict(tokens=S, reps=a.reps, shape=dict(n_kv_heads=Hkv, n_heads=Hkv * rep, head_dim=D, dtype="float32"), rows=rows), open(a.out, "w"), indent=1)
+json.dump(dict(tokens=S, reps=a.reps, shape=dict(n_kv_heads=Hkv, n_heads=Hkv * rep, head_dim=D, dtype=a.dtype), device=str(mx.default_device()), rows=rows), open(a.out, "w"), indent=1)

@@ -11,11 +11,11 @@ from .core import MethodConfig, KVCacheConfig, parse_method, check_int
 from .cache import VQCache, block_tokens, register_cache_class, seal_state, verify_state
 import veloxquant.attention as attention
 import veloxquant.models as models
+from .budgets import keep_topk, keep_chunks, layer_budgets, squeeze_budgets, head_adaptive, hash_uniform, cam_merge
 
 # %% auto #0
 __all__ = ['KVPRESS_OPTIONS', 'DECODE_SCHEDULE', 'check_budget', 'quantizer_config', 'EvictConfig', 'Observation', 'Scorer',
-           'group_sum', 'keep_topk', 'keep_chunks', 'layer_budgets', 'squeeze_budgets', 'head_adaptive', 'hash_uniform',
-           'cam_merge', 'EvictCache', 'eviction_factory', 'eviction_methods', 'run_layer', 'dump_kept', 'prompt_passes',
+           'group_sum', 'EvictCache', 'eviction_factory', 'eviction_methods', 'run_layer', 'dump_kept', 'prompt_passes',
            'kvpress_options', 'kept_indices']
 
 # %% ../nbs/06_evict.ipynb #2b0f66d1
@@ -51,13 +51,16 @@ def quantizer_config(spec: str) -> KVCacheConfig:
 @dataclass
 class EvictConfig(MethodConfig):
     """Options every eviction method shares: `budget` (float in (0, 1]) or `capacity` (int ≥ 1), never both (neither:
-    `budget=0.5`); `quantizer`, the per-token method that stores the survivors (a spec string, default `"fp16"`).
+    `budget=0.5`); `quantizer`, the per-token method that stores the survivors (a spec string, default `"fp16"`);
+    `sinks` ≥ 0, the first `sinks` positions (attention sinks) never evicted, before any recent window when the target
+    cannot hold both (default 0: the papers' rules keep none; methods that keep sinks by design default to theirs).
     Methods subclass it with their own fields and call `super().validate()`."""
     budget: float | None = None
     capacity: int | None = None
     quantizer: str = "fp16"
+    sinks: int = 0
     def validate(self):
-        check_budget(self.budget, self.capacity)
+        check_budget(self.budget, self.capacity); check_int("sinks", self.sinks, 0)
         quantizer_config(self.quantizer)
     def target(self, seen: int) -> int:
         "Tokens to hold per KV head (uniform) after `seen` tokens: `min(seen, capacity)` or `min(seen, max(1, ceil(budget·seen)))`."
@@ -102,118 +105,6 @@ class Scorer:
 def group_sum(weights: mx.array) -> mx.array:
     "Attention weights [B, Hkv, rep, n, S] summed over the query rows and the rep query heads of each KV head: [B, Hkv, S]."
     return weights.sum(axis=(2, 3))
-
-# %% ../nbs/06_evict.ipynb #fcec4332
-def keep_topk(scores: mx.array, k: int) -> mx.array:
-    """Indices [B, H, k] (int32, ascending) of the `k` largest of `scores` [B, H, N] per head (ties: the lower index)."""
-    N = scores.shape[-1]
-    if k >= N: return mx.broadcast_to(mx.arange(N, dtype=mx.int32), scores.shape)
-    order = mx.argsort(-scores, axis=-1)  # MLX's sort is stable: equal scores keep index order
-    return mx.sort(order[..., :k].astype(mx.int32), axis=-1)
-
-def keep_chunks(scores: mx.array, k: int, chunk: int) -> mx.array:
-    """Chunk selection (ChunkKV, Liu et al. 2025, arXiv 2502.00299 §3.1, Alg. 1): the `N` tokens are cut into chunks of
-    `chunk` consecutive positions from 0 (the last one may be shorter); a chunk's score is the mean over its tokens of
-    the scores summed over the KV heads; the `max(1, ⌊n_chunks·k/N⌋)` best chunks are kept whole, the same for every
-    head. Chunks are ranked by the fraction of their tokens that are protected (+inf in every head: the observation
-    window), then by the mean of their other tokens' scores (ties: the lower chunk), so the window is kept first.
-    Fewer than `chunk` tokens: `keep_topk`. scores [B, H, N] → int32 [B, H, K]."""
-    B, H, N = scores.shape
-    if k >= N or N < chunk: return keep_topk(scores, k)
-    prot = (scores == mx.inf).all(axis=1)                                                        # [B, N]
-    s = mx.where(prot, 0.0, mx.where(mx.isfinite(scores), scores, 0.0).sum(axis=1))
-    nc = -(-N // chunk); pad = nc * chunk - N
-    per = lambda x: mx.concatenate([x, mx.zeros((B, pad), x.dtype)], -1).reshape(B, nc, chunk).sum(-1)
-    n_prot, total = per(prot.astype(mx.float32)), per(s)
-    sizes = mx.array([chunk] * (nc - 1) + [chunk - pad], dtype=mx.float32)
-    mean = total / mx.maximum(sizes - n_prot, 1)
-    o1 = mx.argsort(-mean, axis=-1)                                                              # stable sorts: a lexicographic order
-    o2 = mx.argsort(-mx.take_along_axis(n_prot / sizes, o1, -1), axis=-1)
-    kc = max(1, (nc * k) // N)
-    best = mx.take_along_axis(o1, o2, -1)[:, :kc]                                                # [B, kc] chunk ids
-    kept = (mx.arange(N)[None, :, None] // chunk == best[:, None, :]).any(-1)                    # [B, N]
-    counts = set(kept.sum(-1).tolist())
-    if len(counts) != 1: raise ValueError("keep_chunks: batch rows keep different token counts (one kept the short last chunk)")
-    t = mx.arange(N, dtype=mx.int32)
-    idx = mx.sort(mx.where(kept, t, N + t), axis=-1)[:, :counts.pop()]
-    return mx.broadcast_to(idx[:, None], (B, H, idx.shape[-1]))
-
-def layer_budgets(policy: str, mean: float, n_layers: int, beta: float = 20.0) -> list[float]:
-    """Per-layer multipliers of the average budget, mean 1 over the `n_layers` layers: `"uniform"` all 1; `"pyramid"`
-    (PyramidKV, Cai et al. 2024, arXiv 2406.02069 §3.3): an arithmetic sequence from the first layer's
-    `(2·mean − mean/beta)/mean` down to the last layer's `(mean/beta)/mean`, i.e. more tokens low, fewer high."""
-    if policy == "uniform" or n_layers <= 1: return [1.0] * n_layers
-    if policy != "pyramid": raise ValueError(f"policy={policy!r}: allowed values: ['uniform', 'pyramid']")
-    top, bot = 1.0 / beta, 2.0 - 1.0 / beta
-    return [bot - (bot - top) * l / (n_layers - 1) for l in range(n_layers)]
-
-def squeeze_budgets(similarity, p: float = 0.3, cap: float = math.inf, iters: int = 100) -> list[float]:
-    """SqueezeAttention's clustered layer budgets (Wang et al. 2024, arXiv 2404.04793 §3): the layers' cosine
-    similarities between the hidden states before and after self-attention (`similarity`, one float per layer) are
-    clustered into 3 groups by 1-D k-means (centroids initialised at the minimum, the median and the maximum; ties to
-    the lower group); the group of the highest centroid (attention changes those layers' states least) gets `p` times
-    the average budget and the other layers share the rest equally. `cap` is the largest multiplier a layer can use
-    (seen / target: it cannot hold more than every token); when the others' share would exceed it, they get `cap` and
-    the squeezed group keeps what is left of the average (more than `p`), so the mean stays 1. Returns per-layer
-    multipliers of mean 1 (all 1 when fewer than 3 distinct values or when every layer falls in the top group).
-    `ValueError` unless 0 < p ≤ 1."""
-    if type(p) not in (int, float) or not 0 < p <= 1: raise ValueError(f"p={p!r} is out of range; allowed: a number in (0, 1]")
-    s = [float(x) for x in similarity]; L = len(s)
-    if len(set(s)) < 3: return [1.0] * L
-    c = [min(s), sorted(s)[(L - 1) // 2], max(s)]
-    for _ in range(iters):
-        g = [min(range(3), key=lambda j: (abs(x - c[j]), j)) for x in s]
-        new = [sum(x for x, gi in zip(s, g) if gi == j) / max(1, g.count(j)) if j in g else c[j] for j in range(3)]
-        if new == c: break
-        c = new
-    top = max(range(3), key=lambda j: (c[j] if j in g else -math.inf, j))
-    low = [gi == top for gi in g]; n = sum(low)
-    if n == L: return [1.0] * L
-    rest = (L - p * n) / (L - n)
-    if rest > cap: rest, p = cap, (L - cap * (L - n)) / n   # the others hold all they can; the squeezed group keeps the rest
-    return [p if lo else rest for lo in low]
-
-def head_adaptive(scores: mx.array, k: int, floor: float = 0.2) -> mx.array:
-    """Ada-KV's head-adaptive selection (Feng et al. 2024, arXiv 2407.11550, Alg. 1 with the safeguard of §4): the
-    layer keeps `H·k` tokens in all, the top `H·k` of all heads' scores pooled (after each head's guaranteed
-    `⌊floor·k⌋` best), so heads whose attention is concentrated give budget to heads whose attention is spread.
-    scores [B, H, N]; returns a bool keep mask [B, H, N] (per-head counts differ)."""
-    B, H, N = scores.shape
-    if k >= N: return mx.ones(scores.shape, mx.bool_)
-    g = int(math.floor(floor * k))
-    ranks = mx.argsort(mx.argsort(-scores, axis=-1), axis=-1)  # rank of each token within its head
-    base = ranks < g
-    rest = mx.where(base, -mx.inf, scores).reshape(B, H * N)
-    n_rest = H * k - H * g
-    idx = mx.argsort(-rest, axis=-1)[:, :n_rest]
-    chosen = mx.zeros((B, H * N), mx.bool_)
-    chosen = mx.put_along_axis(chosen, idx, mx.array(True), axis=-1)
-    return base | chosen.reshape(B, H, N)
-
-def hash_uniform(seed: int, a: mx.array, b: mx.array, c: mx.array) -> mx.array:
-    """Deterministic uniform draws in (0, 1), float32, broadcast over the int arrays `a`, `b`, `c` (e.g. head, position,
-    step): a 32-bit multiply-xor hash of (seed, a, b, c) with murmur3's finaliser, top 23 bits (exact in float32).
-    The same inputs give the same draws in any chunking, after save/load, and in a NumPy re-implementation."""
-    h = (a.astype(mx.uint32) * 0x9E3779B1) ^ (b.astype(mx.uint32) * 0x85EBCA77) ^ (c.astype(mx.uint32) * 0xC2B2AE3D) ^ (seed & 0xFFFFFFFF)
-    h = h ^ (h >> 16); h = h * 0x85EBCA6B; h = h ^ (h >> 13); h = h * 0xC2B2AE35; h = h ^ (h >> 16)
-    return ((h >> 9).astype(mx.float32) + 0.5) / 8388608.0
-
-def cam_merge(v: mx.array, pos: mx.array, acc: mx.array, victim: mx.array, m: int, u: mx.array):
-    """Merging of evicted values (CaM, Zhang et al., ICML 2024, §3): every evicted token e (`victim`, bool [B, H, S])
-    adds v_e / m_e to the values of its merge targets — the m_e ≤ `m` kept tokens that follow it in position — with
-    probability p_e = clamp(Ā_e / mean of Ā over its targets, 0, 1): one Bernoulli draw per evicted token and KV head
-    (`u < p_e`, u uniform [B, H, S]). v [B, H, S, D] float32, pos int32 [B, H, S] (-1: padding, never a target), acc
-    float32 [B, H, S] (Ā, the attention each token received). Simultaneous for several victims (each merges its own
-    value). Returns (values [B, H, S, D] with the targets updated, touched: bool [B, H, S])."""
-    kept = (~victim) & (pos >= 0)
-    c = ((pos[..., None, :] < pos[..., :, None]) & kept[..., None, :]).sum(-1)          # kept tokens before each token
-    M = victim[..., :, None] & kept[..., None, :] & (pos[..., None, :] > pos[..., :, None]) & (c[..., None, :] < c[..., :, None] + m)
-    Mf = M.astype(mx.float32); me = Mf.sum(-1)
-    mean_t = (Mf * acc[..., None, :]).sum(-1) / mx.maximum(me, 1)
-    p = mx.where(mean_t > 0, mx.clip(acc / mx.where(mean_t > 0, mean_t, 1), 0, 1), (acc > 0).astype(mx.float32))
-    w = mx.where(victim & (me > 0) & (u < p), 1 / mx.maximum(me, 1), 0.0)
-    delta = (Mf * w[..., None]).swapaxes(-1, -2) @ v                                     # [B, H, S, D]
-    return v + delta, (Mf * w[..., None]).sum(-2) > 0
 
 # %% ../nbs/06_evict.ipynb #d94a5f8c
 def _gather(a: mx.array, idx: mx.array) -> mx.array:
@@ -353,9 +244,10 @@ class EvictCache(VQCache):
         if decode and self.n > tgt: self._compact(tgt)  # (not reached: the branch above keeps n at the target)
 
     def _effective(self, score, pos, tgt: int) -> mx.array:
-        "Scores with the protected tokens (newest `recent`, first `sinks`) at +inf and padding slots at -inf."
+        """Scores with the protected tokens at +inf and padding slots at -inf: the first `sinks` (the larger of the
+        scorer's and the config's `sinks`) first, then the newest `recent` (`Scorer.protect`), `tgt` at most in all."""
         recent, sinks = self.scorer.protect(tgt)
-        recent = max(0, min(recent, tgt)); sinks = max(0, min(sinks, tgt - recent))
+        sinks = max(0, min(max(sinks, getattr(self.config.options, "sinks", 0)), tgt)); recent = max(0, min(recent, tgt - sinks))
         eff = score
         if recent: eff = mx.where(pos >= self.offset - recent, mx.inf, eff)
         if sinks: eff = mx.where((pos < sinks) & (pos >= 0), mx.inf, eff)
@@ -475,13 +367,12 @@ class EvictCache(VQCache):
     def observe(self, st: "attention.AttentionStats") -> None:
         "Receive the dispatcher's statistics: accumulate (`sum`), replace (`last`) or buffer the observation window (`prompt`)."
         w, n = st.weights, self.n
-        if self.scorer.mode == "prompt":
+        if self.scorer.mode == "prompt":  # the window's weights summed over its rows: [B, Hkv, rep, 1, S], not W rows
             W = self.stats_request.prefill
-            if self.obs_w is not None and self.obs_w.shape[-1] < w.shape[-1]:
-                old = self.obs_w
-                self.obs_w = mx.concatenate([old, mx.zeros((*old.shape[:-1], w.shape[-1] - old.shape[-1]), old.dtype)], -1)
-            self.obs_w = w if self.obs_w is None else mx.concatenate([self.obs_w, w], axis=3)[:, :, :, -W:]
-            self.obs_q = st.queries if self.obs_q is None else mx.concatenate([self.obs_q, st.queries], axis=2)[:, :, -W:]
+            q = st.queries if self.obs_q is None else mx.concatenate([self.obs_q, st.queries], axis=2)[:, :, -W:]
+            keep = q.shape[2] - w.shape[3]  # rows of earlier steps still in the window: their weights recomputed
+            if keep > 0: w = mx.concatenate([self._row_weights(self.obs_q[:, :, -keep:], st.scale, w.shape[-1]), w], axis=3)
+            self.obs_w, self.obs_q = w[:, :, :, -W:].sum(axis=3, keepdims=True), q
             return
         B, H = w.shape[:2]
         pos = self._positions(self.pending_pos, st.L, B, H)
@@ -498,6 +389,16 @@ class EvictCache(VQCache):
         else:  # "last"
             if n: self.score[:, :, :n] = s[..., :n]
             self.pending_score = s[..., n:]
+
+    def _row_weights(self, q, scale: float, S: int) -> mx.array:
+        """Softmax weights [B, Hkv, rep, m, S] of the `m` prompt query rows `q` [B, Hq, m, D] that precede this step, over
+        the held tokens (their whole causal context; columns of this step's tokens 0), recomputed from the held keys."""
+        m, n, (B, H) = q.shape[2], self.n, self.pos.shape[:2]
+        pos, rpos = self.pos[:, :, :n], mx.arange(self.pending_pos - m, self.pending_pos)
+        mask = mx.repeat(((pos[:, :, None, :] <= rpos[:, None]) & (pos[:, :, None, :] >= 0)), q.shape[1] // H, axis=1)
+        blocks = self._blocks(self.block_size or block_tokens(m, q.shape[1]))
+        wr = attention.attention_weights(q, n, blocks, mx.zeros((B, H, 0, q.shape[-1]), mx.float32), scale, mask)
+        return mx.concatenate([wr, mx.zeros((*wr.shape[:-1], S - n), wr.dtype)], -1)
 
     # -- the rest of the mlx-lm contract ------------------------------------------------------------
     def kept_positions(self) -> list:

@@ -32,8 +32,8 @@ class ChunkKVScorer(SnapKVScorer):
     layer `l` reuses the kept slot indices of layer `l − l mod reuse`, which compresses earlier in the same forward
     step, when they were chosen over the same held tokens (same [B, H, n] and count); otherwise it selects its own."""
     _current = None  # the group the scorers of one builder call join, in layer order
-    def __init__(self, window: int = 32, kernel: int = 7, pooling: str = "avg", chunk: int = 10, reuse: int = 1):
-        super().__init__(window, kernel, pooling); self.chunk, self.reuse = chunk, reuse
+    def __init__(self, window: int = 32, kernel: int = 7, pooling: str = "avg", chunk: int = 10, reuse: int = 1, sinks: int = 0):
+        super().__init__(window, kernel, pooling); self.chunk, self.reuse, self.sinks = chunk, reuse, sinks
         self.group, self.layer, self.kept = None, None, None
     def join(self, cache, layer: int, n_layers: int):
         if self.reuse == 1: return
@@ -48,12 +48,12 @@ class ChunkKVScorer(SnapKVScorer):
     def select(self, scores, k):
         ld = self.leader()
         if ld is not None and ld.kept is not None and ld.kept[0] == (tuple(scores.shape), k): return ld.kept[1]
-        idx = keep_chunks(scores, k, self.chunk)
+        idx = keep_chunks(scores, k, self.chunk, min(self.sinks, k))
         if self.reuse > 1: self.kept = ((tuple(scores.shape), k), idx)
         return idx
 
 METHOD = register_method("chunkkv", ChunkKVConfig,
-                         eviction_factory(lambda o: ChunkKVScorer(o.window, o.kernel, o.pooling, o.chunk, o.reuse)),
+                         eviction_factory(lambda o: ChunkKVScorer(o.window, o.kernel, o.pooling, o.chunk, o.reuse, o.sinks)),
                          "ChunkKV: SnapKV's observation-window vote, kept in whole chunks shared by a layer's heads (arXiv 2502.00299)")
 STANDARD_SETTINGS = [dict(budget=0.25), dict(budget=0.5), dict(budget=0.75)]
 

@@ -58,6 +58,14 @@ class KVzipCache(EvictCache):
         super().__init__(config, scorer, head_policy)
         self.recon, self.zipped, self.recon_score, self.pass_seconds, self.warned = False, False, None, None, False
 
+    _last_layer = None  # layer index of the last KVzipCache placed: an index not above it starts a new set of caches
+
+    def place(self, layer: int, n_layers: int) -> None:
+        "As `EvictCache.place`; only the first kvzip layer of a set of caches warns when the pass was not run (one warning per prompt)."
+        super().place(layer, n_layers)
+        last, KVzipCache._last_layer = KVzipCache._last_layer, layer
+        self.warned = last is not None and last < layer
+
     def stats_rows(self, L: int) -> int: return L if self.recon else 0
 
     def update_and_fetch(self, keys, values):
