@@ -392,7 +392,8 @@ class EvictCache(VQCache):
 
     def _row_weights(self, q, scale: float, S: int) -> mx.array:
         """Softmax weights [B, Hkv, rep, m, S] of the `m` prompt query rows `q` [B, Hq, m, D] that precede this step, over
-        the held tokens (their whole causal context; columns of this step's tokens 0), recomputed from the held keys."""
+        the held tokens (their whole causal context; columns of this step's tokens 0), recomputed from the held keys (a
+        model's own sink logits, gpt-oss's, are not part of this recomputation: the rare case of a step shorter than the window)."""
         m, n, (B, H) = q.shape[2], self.n, self.pos.shape[:2]
         pos, rpos = self.pos[:, :, :n], mx.arange(self.pending_pos - m, self.pending_pos)
         mask = mx.repeat(((pos[:, :, None, :] <= rpos[:, None]) & (pos[:, :, None, :] >= 0)), q.shape[1] // H, axis=1)
