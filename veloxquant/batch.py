@@ -63,7 +63,9 @@ class VQBatchCache(VQCache):
     """A compressed cache for one layer holding a batch of sequences, with mlx-lm's batch contract
     (`BatchKVCache`): `merge`, `prepare`, `finalize`, `filter`, `extend`, `extract`, `make_mask`, `trim`,
     `state`/`from_state`. Built from the per-sequence caches of any registered method (its codecs, its
-    fp16 `window`), attending through the dispatcher (`blockwise_attention` with padding masks).
+    fp16 `window`), attending through the dispatcher: decode steps through the method's fused kernel with per-row
+    ranges where it has one (`_attend_rows`, GPU: affine, turboquant), everything else through `blockwise_attention`
+    with padding masks.
 
     Layout: sequences are right-aligned on a shared token axis of `_idx` physical positions; row b has
     `left_padding[b]` padding positions in front; `offset` [B] (int32) is each sequence's length (the
