@@ -47,13 +47,18 @@ def keep_chunks(scores: mx.array, k: int, chunk: int, first: int = 0) -> mx.arra
     idx = mx.sort(mx.where(kept, t, N + t), axis=-1)[:, :counts.pop()]
     return mx.broadcast_to(idx[:, None], (B, H, idx.shape[-1]))
 
-def layer_budgets(policy: str, mean: float, n_layers: int, beta: float = 20.0) -> list[float]:
+def layer_budgets(policy: str, mean: float, n_layers: int, beta: float = 20.0, cap: float = math.inf) -> list[float]:
     """Per-layer multipliers of the average budget, mean 1 over the `n_layers` layers: `"uniform"` all 1; `"pyramid"`
     (PyramidKV, Cai et al. 2024, arXiv 2406.02069 §3.3): an arithmetic sequence from the first layer's
-    `(2·mean − mean/beta)/mean` down to the last layer's `(mean/beta)/mean`, i.e. more tokens low, fewer high."""
+    `(2·mean − mean/beta)/mean` down to the last layer's `(mean/beta)/mean`, i.e. more tokens low, fewer high.
+    `cap` (≥ 1: tokens seen / average target) is the largest multiplier a layer can use. When the first layer's share
+    would exceed it, the first layer gets `cap` and the last `2 − cap`, still arithmetic with mean 1, so the layers
+    hold the budget on average. This is the paper's rule for a maximum above the prompt (its §3.3 code:
+    `max = n − w`, `min = 2·c − max`)."""
     if policy == "uniform" or n_layers <= 1: return [1.0] * n_layers
     if policy != "pyramid": raise ValueError(f"policy={policy!r}: allowed values: ['uniform', 'pyramid']")
     top, bot = 1.0 / beta, 2.0 - 1.0 / beta
+    if 1.0 <= cap < bot: bot, top = cap, 2.0 - cap
     return [bot - (bot - top) * l / (n_layers - 1) for l in range(n_layers)]
 
 def squeeze_budgets(similarity, p: float = 0.3, cap: float = math.inf, iters: int = 100) -> list[float]:

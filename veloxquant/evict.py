@@ -160,12 +160,16 @@ class EvictCache(VQCache):
         "Called by the builder with the layer's index: per-layer budget share (e.g. PyramidKV) from `config.options.layer_policy`."
         pol = getattr(self.config.options, "layer_policy", "uniform")
         self.share = layer_budgets(pol, 1.0, n_layers, getattr(self.config.options, "beta", 20.0))[layer]
+        self.placed = (layer, n_layers) if pol == "pyramid" else None  # pyramid shares are capped per target (`target`)
         if hasattr(self.scorer, "join"): self.scorer.join(self, layer, n_layers)  # scorers whose budget spans layers (SqueezeAttention)
 
     def target(self, seen: int) -> int:
         "Tokens to hold per KV head after `seen` tokens: the config's average target times this layer's share, in [1, seen]."
         t = self.config.options.target(seen)
-        return min(seen, max(1, round(t * self.share))) if seen else 0
+        share = self.share
+        if getattr(self, "placed", None) and t:  # pyramid: no layer above every token, the average kept (`layer_budgets` cap)
+            share = layer_budgets("pyramid", 1.0, self.placed[1], getattr(self.config.options, "beta", 20.0), cap=seen / t)[self.placed[0]]
+        return min(seen, max(1, round(t * share))) if seen else 0
 
     # -- arriving tokens --------------------------------------------------------------------------
     def update_and_fetch(self, keys, values):
@@ -454,7 +458,7 @@ class EvictCache(VQCache):
         if self.pending is not None: self._insert()
         st = {"config": self.config.to_json(), "offset": self.offset, "dims": json.dumps(self.dims),
               "meta": json.dumps(dict(n=self.n, padded=self.padded, segment=self.segment, decode_step=self.decode_step,
-                                      share=self.share))}
+                                      share=self.share, placed=getattr(self, "placed", None)))}
         if self.n:
             st["k"] = {k: a[:, :, :self.n] for k, a in self.k_held.items()}
             st["v"] = {k: a[:, :, :self.n] for k, a in self.v_held.items()}
@@ -475,6 +479,7 @@ class EvictCache(VQCache):
         meta = json.loads(st["meta"])
         self.n, self.padded, self.segment = int(meta["n"]), bool(meta["padded"]), bool(meta["segment"])
         self.decode_step, self.share = int(meta["decode_step"]), float(meta["share"])
+        self.placed = tuple(meta["placed"]) if meta.get("placed") else None
         dims = json.loads(st["dims"])
         if dims is not None: self._ensure_codecs(*dims)
         if self.n:
