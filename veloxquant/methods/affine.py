@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int, check_bool
 from ..cache import Codec, VQCache
+from ..quant import code_planes, plane_order
+import numpy as np
 import veloxquant.gpu as gpu
 from ..gpu import (
     DECODE_PARTIAL_OUTPUTS, DECODE_WARPS, MERGE_WARPS, MMA_TARGET_GROUPS, MMA_TOKENS, MMA_WARPS, decode_split,
@@ -62,12 +64,46 @@ class AffineCodec(Codec):
         return self.decode(blk).astype(dtype)
     def _q(self, blk, dtype):
         return (mx.expand_dims(blk["w"], 2), mx.expand_dims(blk["scales"].astype(dtype), 2), mx.expand_dims(blk["biases"].astype(dtype), 2))
+    def _planes(self, blk):
+        "On the CPU back-end the codes as float32 planes (`code_planes`: faster there than `mx.quantized_matmul`), else None."
+        if gpu.backend() is not None: return None
+        ps = code_planes(blk["w"], self.bits, self.head_dim)
+        if ps is not None and getattr(self, "_order", None) is None:
+            o = plane_order(self.head_dim, self.bits)
+            self._order = (mx.array(o.astype(np.int32)), mx.array(np.argsort(o).astype(np.int32)))
+        return ps
     def scores(self, q, blk):
         if gpu.backend() == "cuda": return super().scores(q, blk)  # see below
-        return mx.quantized_matmul(q, *self._q(blk, q.dtype), transpose=True, group_size=self.gs, bits=self.bits)
+        ps = self._planes(blk)
+        if ps is None: return mx.quantized_matmul(q, *self._q(blk, q.dtype), transpose=True, group_size=self.gs, bits=self.bits)
+        # CPU: q · (s·code + b) per group = s·(q · code) + b·Σq, the codes contracted plane by plane
+        B, H, rep, L, D = q.shape; q2 = q.reshape(B, H, rep * L, D); qp = q2[..., self._order[0]]
+        w, G = ps[0].shape[-1], D // self.gs; gw = w // G
+        sc, bi = blk["scales"].astype(mx.float32), blk["biases"].astype(mx.float32)
+        out = None
+        for k in range(G):
+            sk = None
+            for j, pl in enumerate(ps):
+                a = qp[..., j * w + k * gw:j * w + (k + 1) * gw] @ (pl if G == 1 else pl[..., k * gw:(k + 1) * gw]).swapaxes(-1, -2)
+                sk = a if sk is None else sk + a
+            qs = q2[..., k * self.gs:(k + 1) * self.gs].sum(-1, keepdims=True)
+            term = sk * sc[..., k][:, :, None, :] + qs * bi[..., k][:, :, None, :]
+            out = term if out is None else out + term
+        return out.reshape(B, H, rep, L, -1)
     def mix(self, p, blk):
         if gpu.backend() == "cuda": return super().mix(p, blk)
-        return mx.quantized_matmul(p, *self._q(blk, p.dtype), transpose=False, group_size=self.gs, bits=self.bits)
+        ps = self._planes(blk)
+        if ps is None: return mx.quantized_matmul(p, *self._q(blk, p.dtype), transpose=False, group_size=self.gs, bits=self.bits)
+        # CPU: Σ_t p_t (s_t·code_t + b_t) per group = (p ⊙ s) @ codes + p @ b, plane by plane, then back to channel order
+        B, H, rep, L, t = p.shape; p2 = p.reshape(B, H, rep * L, t)
+        w, G = ps[0].shape[-1], self.head_dim // self.gs; gw = w // G
+        sc, bi = blk["scales"].astype(mx.float32), blk["biases"].astype(mx.float32)
+        parts = [[None] * G for _ in ps]
+        for k in range(G):
+            pk, bk = p2 * sc[..., k][:, :, None, :], p2 @ bi[..., k:k + 1]
+            for j, pl in enumerate(ps): parts[j][k] = pk @ (pl if G == 1 else pl[..., k * gw:(k + 1) * gw]) + bk
+        out = mx.concatenate([x for row in parts for x in row], axis=-1)[..., self._order[1]]
+        return out.reshape(B, H, rep, L, -1)
 
 def _make(config: KVCacheConfig):
     cfg = config.options

@@ -1,0 +1,51 @@
+"""The CPU decode path over code planes (`veloxquant.quant.code_planes`) gives the reference path's attention within
+float32 rounding: affine (mx.quantized_matmul) and turboquant (codebook gathers), through the cache and the dispatcher,
+prefill chunks and decode steps, several layouts. CPU only (the GPU back-ends never take this path)."""
+import numpy as np, pytest
+import mlx.core as mx
+import mlx_lm.models.base as base
+import veloxquant.gpu as gpu
+from veloxquant.core import parse_method
+from veloxquant.methods.affine import AffineCodec
+from veloxquant.methods.turboquant import TurboQuantCodec
+
+pytestmark = pytest.mark.skipif(gpu.backend() is not None, reason="the code-plane path runs on the CPU back-end only")
+
+SPECS = ["affine:key_bits=4,value_bits=4", "affine:key_bits=2,value_bits=3,group_size=32", "affine:key_bits=4,value_bits=2,window=0",
+         "affine:key_bits=5,value_bits=8",  # widths the planes do not read: the quantized matmul, unchanged
+         "turboquant:key_bits=3,value_bits=3", "turboquant:key_bits=4,value_bits=2,window=0", "turboquant:key_bits=2.5,value_bits=3.5",
+         "turboquant:key_bits=3,value_bits=3,center=True,window=16", "turboquant:key_bits=1,value_bits=4,rotation=orthogonal"]
+
+def _run(spec, reference, D=64, steps=5):
+    mx.random.seed(0)
+    off = []
+    if reference:  # the reference path: the planes switched off
+        off = [(AffineCodec, "_planes", lambda self, blk: None), (TurboQuantCodec, "_cpu_planes", lambda self, blk: None)]
+    saved = [(cls, name, cls.__dict__[name]) for cls, name, _ in off]
+    for cls, name, f in off: setattr(cls, name, f)
+    try:
+        cache = parse_method(spec).make_cache(); outs = []
+        for T in (200, 150, *[1] * steps):
+            k, v, q = mx.random.normal((1, 3, T, D)), mx.random.normal((1, 3, T, D)), mx.random.normal((1, 9, T, D))
+            k1, v1 = cache.update_and_fetch(k, v)
+            outs.append(base.scaled_dot_product_attention(q, k1, v1, cache=cache, scale=D ** -0.5, mask="causal" if T > 1 else None))
+        mx.eval(outs)
+        return outs
+    finally:
+        for cls, name, f in saved: setattr(cls, name, f)
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_planes_match_reference(spec):
+    new, ref = _run(spec, False), _run(spec, True)
+    for a, b in zip(new, ref):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        err = mx.abs(a - b).max().item(); scale = mx.abs(b).max().item()
+        assert err <= 2e-5 * max(1.0, scale), (spec, err, scale)
+
+def test_planes_decode_match_reference():
+    mx.random.seed(1)
+    for bits in (1, 2, 2.5, 3, 3.5, 4):
+        c = TurboQuantCodec(64, bits); blk = c.encode(mx.random.normal((2, 3, 40, 64)))
+        assert c._cpu_planes(blk) is not None
+        ref = (c.rotated_unit(blk) * blk["norm"].astype(mx.float32)) @ c.R.T
+        assert mx.abs(c.decode(blk) - ref).max().item() < 1e-5
