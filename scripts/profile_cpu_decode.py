@@ -1,6 +1,7 @@
 """Where a CPU decode step spends its time: one layer of the default model's shape (9 query / 3 KV heads, head_dim 64,
 float32, B = 1) filled with S random tokens, then the pieces of the reference decode path timed one by one
-(median of `--steps` evaluations each) next to stock mlx-lm's SDPA over float32 K/V and the whole step through the cache.
+(median of `--steps` evaluations each) next to stock mlx-lm's SDPA over float32 K/V and the whole step through the cache,
+with the CPU levers switched off and on (`--variants`).
 
     python scripts/profile_cpu_decode.py --S 4096 --methods "affine:key_bits=4,value_bits=4;turboquant:key_bits=3,value_bits=3"
 """
@@ -17,18 +18,32 @@ def med(fn, steps):
         t = time.perf_counter(); mx.eval(fn()); ts.append(time.perf_counter() - t)
     ts.sort(); return 1e6 * ts[len(ts) // 2]
 
+_SAVED = {}
+def _switch(variant):
+    "Switch the CPU levers: the code planes (affine `_planes`, turboquant `_cpu_planes`) and the one-pass decode softmax."
+    import veloxquant.attention as att
+    from veloxquant.methods.affine import AffineCodec
+    from veloxquant.methods.turboquant import TurboQuantCodec
+    for cls, name in ((AffineCodec, "_planes"), (TurboQuantCodec, "_cpu_planes")):
+        _SAVED.setdefault((cls, name), cls.__dict__[name])
+        setattr(cls, name, _SAVED[(cls, name)] if variant != "reference" else (lambda self, blk: None))
+    att.DECODE_ONE_PASS = variant == "planes+one-pass"
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--S", type=int, default=4096); ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--methods", default="affine:key_bits=4,value_bits=4;turboquant:key_bits=3,value_bits=3")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--variants", default="reference,planes,planes+one-pass",
+                    help="comma-separated: reference (no planes, online softmax), planes, planes+one-pass (the defaults)")
     a = ap.parse_args()
     Hq, Hkv, D, S, dt = 9, 3, 64, a.S, mx.float32
     mx.random.seed(0)
     q = mx.random.normal((1, Hq, 1, D)); k = mx.random.normal((1, Hkv, S, D)); v = mx.random.normal((1, Hkv, S, D))
     mx.eval(q, k, v)
     rows = [dict(method="stock", piece="mx.fast.sdpa fp32 K/V", us=med(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=D ** -0.5), a.steps))]
-    for spec in a.methods.split(";"):
+    for spec, variant in [(s, v) for s in a.methods.split(";") for v in a.variants.split(",")]:
+        _switch(variant)
         cache = parse_method(spec).make_cache()
         for s0 in range(0, S - 1, 2048):
             T = min(2048, S - 1 - s0)
@@ -53,10 +68,11 @@ def main():
             pieces["k unpack_bits"] = lambda: unpack_bits(kb["c0"], kc.groups[0][2], D)
             pieces["k rotated_unit (unpack + gather)"] = lambda: kc.rotated_unit(kb)
         for name, fn in pieces.items():
-            if hasattr(kc, "_qkey"): kc._qkey = None
-            rows.append(dict(method=spec, piece=name, us=med(fn, a.steps)))
-        rows.append(dict(method=spec, piece="codes in history", us=float(n)))
-    for r in rows: print(f"{r['method'][:40]:40s} {r['piece']:50s} {r['us']:10.0f}")
+            if hasattr(kc, "_qkey"): kc._qkey = kc._qpkey = None
+            rows.append(dict(method=spec, variant=variant, piece=name, us=med(fn, a.steps)))
+        rows.append(dict(method=spec, variant=variant, piece="codes in history", us=float(n)))
+    _switch("planes+one-pass")
+    for r in rows: print(f"{r['method'][:36]:36s} {r.get('variant', ''):16s} {r['piece']:48s} {r['us']:10.0f}")
     if a.out: json.dump(rows, open(a.out, "w"), indent=1)
 
 if __name__ == "__main__": main()

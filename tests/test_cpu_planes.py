@@ -49,3 +49,17 @@ def test_planes_decode_match_reference():
         assert c._cpu_planes(blk) is not None
         ref = (c.rotated_unit(blk) * blk["norm"].astype(mx.float32)) @ c.R.T
         assert mx.abs(c.decode(blk) - ref).max().item() < 1e-5
+
+def test_one_pass_decode_matches_online_softmax():
+    "A CPU decode step (one query, no mask, no sinks) takes one softmax over all scores; the online softmax (forced by an all-True mask) agrees."
+    from veloxquant.attention import blockwise_attention, dense_blocks
+    mx.random.seed(2)
+    for B, Hq, Hkv, S, E in ((1, 9, 3, 700, 70), (2, 4, 4, 64, 1), (1, 8, 2, 0, 5)):
+        q = mx.random.normal((B, Hq, 1, 64)); k, v = mx.random.normal((B, Hkv, S + E, 64)), mx.random.normal((B, Hkv, S + E, 64))
+        blocks = lambda: dense_blocks(k[:, :, :S], v[:, :, :S], 256)
+        one = blockwise_attention(q, S, blocks(), k[:, :, S:], v[:, :, S:], 0.125)
+        online = blockwise_attention(q, S, blocks(), k[:, :, S:], v[:, :, S:], 0.125, mask=mx.ones((1, 1, 1, S + E), mx.bool_))
+        ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125)
+        assert mx.abs(one - online).max().item() < 1e-5 and mx.abs(one - ref).max().item() < 1e-5
+    test = lambda: blockwise_attention(q, 3, dense_blocks(k[:, :, :S], v[:, :, :S], 256), k[:, :, S:], v[:, :, S:], 0.125)
+    with pytest.raises(ValueError, match="n_hist=3"): test()
