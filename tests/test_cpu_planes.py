@@ -63,3 +63,21 @@ def test_one_pass_decode_matches_online_softmax():
         assert mx.abs(one - online).max().item() < 1e-5 and mx.abs(one - ref).max().item() < 1e-5
     test = lambda: blockwise_attention(q, 3, dense_blocks(k[:, :, :S], v[:, :, :S], 256), k[:, :, S:], v[:, :, S:], 0.125)
     with pytest.raises(ValueError, match="n_hist=3"): test()
+
+@pytest.mark.parametrize("spec", ["affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3", "turboquant:key_bits=2.5,value_bits=3,window=0"])
+def test_cpu_decoded_prefill_matches_blockwise(spec):
+    "On the CPU these codecs set `cpu_decoded_prefill`: prefill chunks over codes attend to the decoded history; the blockwise path agrees."
+    from veloxquant.cache import VQCache
+    outs = {}
+    for mode in (None, False):
+        VQCache.decoded_prefill = mode
+        try:
+            mx.random.seed(3); cache = parse_method(spec).make_cache(); res = []
+            for T in (300, 200, 150):
+                k, v, q = mx.random.normal((1, 3, T, 64)), mx.random.normal((1, 3, T, 64)), mx.random.normal((1, 9, T, 64))
+                k1, v1 = cache.update_and_fetch(k, v)
+                if mode is None and cache.k_store.length: assert cache._use_decoded_prefill()
+                res.append(base.scaled_dot_product_attention(q, k1, v1, cache=cache, scale=0.125, mask="causal"))
+            mx.eval(res); outs[mode] = res
+        finally: VQCache.decoded_prefill = None
+    for a, b in zip(outs[None], outs[False]): assert mx.abs(a - b).max().item() < 2e-5
