@@ -15,7 +15,7 @@ __all__ = ['SUPPORTED_HEAD_DIMS', 'ROTATIONS', 'SPHERE_DIMS', 'CODEBOOK_BITS', '
            'sylvester_hadamard', 'dct_matrix', 'hadamard_like', 'randomized_hadamard', 'random_orthogonal', 'rotation',
            'fwht', 'lloyd_max', 'dist_name', 'save_artifact', 'load_artifact', 'save_codebooks', 'load_codebooks',
            'default_codebook_path', 'precompute', 'Codebook', 'codebook', 'packed_words', 'pack_bits', 'unpack_bits',
-           'lookup', 'plane_order', 'code_planes']
+           'lookup', 'plane_order', 'code_planes', 'affine_plane_scores', 'affine_plane_mix']
 
 # %% ../nbs/03_quant.ipynb #256efd2b
 SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -357,4 +357,30 @@ def code_planes(words: mx.array, bits: int, n: int, table=None) -> list[mx.array
     key = None if table is None else tuple(float(x) for x in np.asarray(table, np.float32))
     x = words.view(mx.uint8).reshape(*words.shape[:-1], n // per, nb)  # little-endian bytes: code per·g + j at bit bits·j of group g
     return _planes_fn(bits, key)(*(x[..., k] for k in range(nb)))
+
+def affine_plane_scores(q, ps, scales, biases, group_size: int, order) -> mx.array:
+    """q [..., R, D] (float32) against affine codes given as `code_planes` `ps` with per-group `scales`, `biases` [..., t, D/g]:
+    q · (s·code + b) per group = s·(q · code) + b·Σq → [..., R, t]; `order` the `plane_order` indices (mx int32)."""
+    qp, w, G = q[..., order], ps[0].shape[-1], q.shape[-1] // group_size
+    gw, sc, bi, out = w // G, scales.astype(mx.float32), biases.astype(mx.float32), None
+    for k in range(G):
+        sk = None
+        for j, pl in enumerate(ps):
+            a = qp[..., j * w + k * gw:j * w + (k + 1) * gw] @ (pl if G == 1 else pl[..., k * gw:(k + 1) * gw]).swapaxes(-1, -2)
+            sk = a if sk is None else sk + a
+        qs = q[..., k * group_size:(k + 1) * group_size].sum(-1, keepdims=True)
+        term = sk * mx.expand_dims(sc[..., k], -2) + qs * mx.expand_dims(bi[..., k], -2)
+        out = term if out is None else out + term
+    return out
+
+def affine_plane_mix(p, ps, scales, biases, group_size: int, inverse) -> mx.array:
+    """Weights p [..., R, t] (float32) over affine codes as `code_planes` `ps`: Σ_t p_t (s_t·code_t + b_t) per group =
+    (p ⊙ s) @ codes + p @ b, plane by plane → [..., R, D] in channel order (`inverse`: argsort of `plane_order`, mx int32)."""
+    w = ps[0].shape[-1]; G = len(ps) * w // group_size; gw = w // G
+    sc, bi = scales.astype(mx.float32), biases.astype(mx.float32)
+    parts = [[None] * G for _ in ps]
+    for k in range(G):
+        pk, bk = p * mx.expand_dims(sc[..., k], -2), p @ bi[..., k:k + 1]
+        for j, pl in enumerate(ps): parts[j][k] = pk @ (pl if G == 1 else pl[..., k * gw:(k + 1) * gw]) + bk
+    return mx.concatenate([x for row in parts for x in row], axis=-1)[..., inverse]
 

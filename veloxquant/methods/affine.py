@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int, check_bool
 from ..cache import Codec, VQCache
-from ..quant import code_planes, plane_order
+from ..quant import code_planes, plane_order, affine_plane_scores, affine_plane_mix
 import numpy as np
 import veloxquant.gpu as gpu
 from ..gpu import (
@@ -77,34 +77,14 @@ class AffineCodec(Codec):
         if gpu.backend() == "cuda": return super().scores(q, blk)  # see below
         ps = self._planes(blk)
         if ps is None: return mx.quantized_matmul(q, *self._q(blk, q.dtype), transpose=True, group_size=self.gs, bits=self.bits)
-        # CPU: q · (s·code + b) per group = s·(q · code) + b·Σq, the codes contracted plane by plane
-        B, H, rep, L, D = q.shape; q2 = q.reshape(B, H, rep * L, D); qp = q2[..., self._order[0]]
-        w, G = ps[0].shape[-1], D // self.gs; gw = w // G
-        sc, bi = blk["scales"].astype(mx.float32), blk["biases"].astype(mx.float32)
-        out = None
-        for k in range(G):
-            sk = None
-            for j, pl in enumerate(ps):
-                a = qp[..., j * w + k * gw:j * w + (k + 1) * gw] @ (pl if G == 1 else pl[..., k * gw:(k + 1) * gw]).swapaxes(-1, -2)
-                sk = a if sk is None else sk + a
-            qs = q2[..., k * self.gs:(k + 1) * self.gs].sum(-1, keepdims=True)
-            term = sk * sc[..., k][:, :, None, :] + qs * bi[..., k][:, :, None, :]
-            out = term if out is None else out + term
-        return out.reshape(B, H, rep, L, -1)
+        B, H, rep, L, D = q.shape  # CPU: the codes contracted plane by plane (`quant.affine_plane_scores`)
+        return affine_plane_scores(q.reshape(B, H, rep * L, D), ps, blk["scales"], blk["biases"], self.gs, self._order[0]).reshape(B, H, rep, L, -1)
     def mix(self, p, blk):
         if gpu.backend() == "cuda": return super().mix(p, blk)
         ps = self._planes(blk)
         if ps is None: return mx.quantized_matmul(p, *self._q(blk, p.dtype), transpose=False, group_size=self.gs, bits=self.bits)
-        # CPU: Σ_t p_t (s_t·code_t + b_t) per group = (p ⊙ s) @ codes + p @ b, plane by plane, then back to channel order
-        B, H, rep, L, t = p.shape; p2 = p.reshape(B, H, rep * L, t)
-        w, G = ps[0].shape[-1], self.head_dim // self.gs; gw = w // G
-        sc, bi = blk["scales"].astype(mx.float32), blk["biases"].astype(mx.float32)
-        parts = [[None] * G for _ in ps]
-        for k in range(G):
-            pk, bk = p2 * sc[..., k][:, :, None, :], p2 @ bi[..., k:k + 1]
-            for j, pl in enumerate(ps): parts[j][k] = pk @ (pl if G == 1 else pl[..., k * gw:(k + 1) * gw]) + bk
-        out = mx.concatenate([x for row in parts for x in row], axis=-1)[..., self._order[1]]
-        return out.reshape(B, H, rep, L, -1)
+        B, H, rep, L, t = p.shape  # CPU: plane by plane (`quant.affine_plane_mix`)
+        return affine_plane_mix(p.reshape(B, H, rep * L, t), ps, blk["scales"], blk["biases"], self.gs, self._order[1]).reshape(B, H, rep, L, -1)
 
 def _make(config: KVCacheConfig):
     cfg = config.options
