@@ -57,16 +57,16 @@ def test_one_pass_decode_matches_online_softmax():
     for B, Hq, Hkv, S, E in ((1, 9, 3, 700, 70), (2, 4, 4, 64, 1), (1, 8, 2, 0, 5)):
         q = mx.random.normal((B, Hq, 1, 64)); k, v = mx.random.normal((B, Hkv, S + E, 64)), mx.random.normal((B, Hkv, S + E, 64))
         blocks = lambda: dense_blocks(k[:, :, :S], v[:, :, :S], 256)
-        one = blockwise_attention(q, S, blocks(), k[:, :, S:], v[:, :, S:], 0.125)
+        one = blockwise_attention(q, S, blocks(), k[:, :, S:], v[:, :, S:], 0.125, one_pass=True)
         online = blockwise_attention(q, S, blocks(), k[:, :, S:], v[:, :, S:], 0.125, mask=mx.ones((1, 1, 1, S + E), mx.bool_))
         ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125)
         assert mx.abs(one - online).max().item() < 1e-5 and mx.abs(one - ref).max().item() < 1e-5
-    test = lambda: blockwise_attention(q, 3, dense_blocks(k[:, :, :S], v[:, :, :S], 256), k[:, :, S:], v[:, :, S:], 0.125)
+    test = lambda: blockwise_attention(q, 3, dense_blocks(k[:, :, :S], v[:, :, :S], 256), k[:, :, S:], v[:, :, S:], 0.125, one_pass=True)
     with pytest.raises(ValueError, match="n_hist=3"): test()
 
 @pytest.mark.parametrize("spec", ["affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3", "turboquant:key_bits=2.5,value_bits=3,window=0"])
 def test_cpu_decoded_prefill_matches_blockwise(spec):
-    "On the CPU these codecs set `cpu_decoded_prefill`: prefill chunks over codes attend to the decoded history; the blockwise path agrees."
+    "On the CPU these codecs set `cpu_fast`: prefill chunks over codes attend to the decoded history; the blockwise path agrees."
     from veloxquant.cache import VQCache
     outs = {}
     for mode in (None, False):
@@ -81,3 +81,11 @@ def test_cpu_decoded_prefill_matches_blockwise(spec):
             mx.eval(res); outs[mode] = res
         finally: VQCache.decoded_prefill = None
     for a, b in zip(outs[None], outs[False]): assert mx.abs(a - b).max().item() < 2e-5
+
+def test_cpu_fast_is_opt_in():
+    "Only caches whose both codecs set `cpu_fast` (affine, turboquant) take the CPU prefill/decode shortcuts; others keep their outputs bit for bit."
+    got = {}
+    for spec in ("affine", "turboquant", "q4_0"):
+        c = parse_method(spec).make_cache(); c.update_and_fetch(mx.zeros((1, 2, 4, 64)), mx.zeros((1, 2, 4, 64)))
+        got[spec] = c._cpu_fast()
+    assert got == {"affine": True, "turboquant": True, "q4_0": False}

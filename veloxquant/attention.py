@@ -52,7 +52,7 @@ def _decode_one_pass(q, n_hist, blocks, keys, values, B, Hq, dtype):
         out = out + mix(p[..., s0:s0 + t]); s0 += t
     return out.reshape(B, Hq, 1, -1).astype(dtype)
 
-def blockwise_attention(queries, n_hist, blocks, keys, values, scale, mask=None, sinks=None):
+def blockwise_attention(queries, n_hist, blocks, keys, values, scale, mask=None, sinks=None, one_pass: bool = False):
     """Softmax attention of `queries` over a compressed history plus exact recent keys/values.
 
     queries: [B, Hq, L, D] (any float dtype); `n_hist` compressed tokens come first, walked through
@@ -60,7 +60,8 @@ def blockwise_attention(queries, n_hist, blocks, keys, values, scale, mask=None,
     [B, Hkv, rep, L, t]` (q already scaled) and `mix_fn(p[B, Hkv, rep, L, t]) -> [B, Hkv, rep, L, Dv]`.
     keys/values: exact [B, Hkv, E, D]/[B, Hkv, E, Dv] for the last E tokens (window + current step).
     mask: None, "causal" (the L queries are the last L of the n_hist + E tokens) or an mlx-lm mask
-    array [..., L, n_hist + E] (bool: True = attend; or additive). sinks: optional [Hq] sink logits.
+    array [..., L, n_hist + E] (bool: True = attend; or additive). sinks: optional [Hq] sink logits. one_pass: on the
+    CPU, one query without mask or sinks takes one softmax over all scores (`_decode_one_pass`, within float32 rounding).
     Returns [B, Hq, L, Dv] in the queries' dtype. Raises `ValueError` on inconsistent shapes."""
     B, Hq, L, D = queries.shape
     Hkv, E = keys.shape[1], keys.shape[2]
@@ -80,7 +81,7 @@ def blockwise_attention(queries, n_hist, blocks, keys, values, scale, mask=None,
     else:
         m, l = mx.full((B, Hkv, rep, L, 1), _NEG, mx.float32), mx.zeros((B, Hkv, rep, L, 1), mx.float32)
     acc = None
-    if DECODE_ONE_PASS and L == 1 and mask is None and sinks is None and mx.default_device() == mx.cpu:  # a CPU decode step: one softmax
+    if one_pass and DECODE_ONE_PASS and L == 1 and mask is None and sinks is None and mx.default_device() == mx.cpu:  # a CPU decode step: one softmax
         blocks = list(blocks)
         if not any(isinstance(b, Partial) for b in blocks):
             return _decode_one_pass(q, n_hist, blocks, keys, values, B, Hq, queries.dtype)

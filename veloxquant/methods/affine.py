@@ -48,7 +48,7 @@ class AffineCodec(Codec):
     "Per-token group affine quantization along head_dim (`mx.quantize`); codes uint32, scales/biases fp16."
     compilable = True  # pure scores/mix: the compiled decode path (when the fused kernel does not run) may trace them
     decodes_exactly = True  # scores/mix are q·decode(k)ᵀ and p·decode(v) (the GPU prefill attends to decoded tiles)
-    cpu_decoded_prefill = True  # on the CPU too, prefill chunks attend to the history dequantized once (faster there than blockwise)
+    cpu_fast = True  # on the CPU: prefill chunks attend to the history dequantized once, decode steps take one softmax (faster there)
     def __init__(self, head_dim: int, bits: int, group_size: int):
         if head_dim % group_size:
             raise ValueError(f"group_size={group_size} does not divide head_dim={head_dim}; allowed: divisors of {head_dim} among (32, 64, 128)")

@@ -91,7 +91,7 @@ class TurboQuantCodec(Codec):
         self.sequence_state = center  # mu comes from the first chunk: no exact trim, no batching
         self.compilable = not center  # the compiled decode path traces scores/mix; a mean mu set later would be baked in
         self.decodes_exactly = True  # scores/mix are q·decode(k)ᵀ and p·decode(v) (the GPU prefill attends to decoded tiles)
-        self.cpu_decoded_prefill = True  # on the CPU too, prefill chunks attend to the history decoded once (code planes) + SDPA
+        self.cpu_fast = True  # on the CPU: prefill chunks attend to the history decoded once (code planes), decode steps take one softmax
         self.R = rotation(rotation_kind, d, seed)
         self.rot_name = f"rotation/{rotation_kind}/d{d}/seed{seed}"
         self.groups = []
