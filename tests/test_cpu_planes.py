@@ -45,7 +45,7 @@ def test_planes_match_reference(spec):
 def test_planes_decode_match_reference():
     mx.random.seed(1)
     for bits in (1, 2, 2.5, 3, 3.5, 4):
-        c = TurboQuantCodec(64, bits); blk = c.encode(mx.random.normal((2, 3, 40, 64)))
+        c = TurboQuantCodec(64, bits); c.cpu_fast = True; blk = c.encode(mx.random.normal((2, 3, 40, 64)))
         assert c._cpu_planes(blk) is not None
         ref = (c.rotated_unit(blk) * blk["norm"].astype(mx.float32)) @ c.R.T
         assert mx.abs(c.decode(blk) - ref).max().item() < 1e-5
@@ -83,9 +83,10 @@ def test_cpu_decoded_prefill_matches_blockwise(spec):
     for a, b in zip(outs[None], outs[False]): assert mx.abs(a - b).max().item() < 2e-5
 
 def test_cpu_fast_is_opt_in():
-    "Only caches whose both codecs set `cpu_fast` (affine, turboquant) take the CPU prefill/decode shortcuts; others keep their outputs bit for bit."
+    "Only the affine and turboquant methods' codecs set `cpu_fast` (the code planes, decoded prefill, one-pass decode on the CPU); methods reusing AffineCodec/TurboQuantCodec keep their outputs bit for bit."
     got = {}
-    for spec in ("affine", "turboquant", "q4_0"):
+    for spec in ("affine", "turboquant", "q4_0", "qjl", "polar"):
         c = parse_method(spec).make_cache(); c.update_and_fetch(mx.zeros((1, 2, 4, 64)), mx.zeros((1, 2, 4, 64)))
-        got[spec] = c._cpu_fast()
-    assert got == {"affine": True, "turboquant": True, "q4_0": False}
+        got[spec] = (c._cpu_fast(), getattr(c.v_codec, "cpu_fast", False))
+    # qjl and polar store their values with AffineCodec: not opted in, so their values keep mx.quantized_matmul
+    assert got == {"affine": (True, True), "turboquant": (True, True), "q4_0": (False, False), "qjl": (False, False), "polar": (False, False)}

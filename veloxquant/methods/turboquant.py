@@ -91,7 +91,7 @@ class TurboQuantCodec(Codec):
         self.sequence_state = center  # mu comes from the first chunk: no exact trim, no batching
         self.compilable = not center  # the compiled decode path traces scores/mix; a mean mu set later would be baked in
         self.decodes_exactly = True  # scores/mix are q·decode(k)ᵀ and p·decode(v) (the GPU prefill attends to decoded tiles)
-        self.cpu_fast = True  # on the CPU: prefill chunks attend to the history decoded once (code planes), decode steps take one softmax
+        self.cpu_fast = False  # set by this method's caches: on the CPU code planes, prefill over the decoded history, one-softmax decode steps
         self.R = rotation(rotation_kind, d, seed)
         self.rot_name = f"rotation/{rotation_kind}/d{d}/seed{seed}"
         self.groups = []
@@ -135,7 +135,7 @@ class TurboQuantCodec(Codec):
         """On the CPU back-end, per channel group, the codebook values ŷ of a block as float32 planes (`code_planes`:
         one compiled element-wise kernel of selects, no gather; a CPU gather of codebook values costs ~8× more); None
         elsewhere (GPU back-ends keep `rotated_unit`) or for a group whose layout `code_planes` does not read."""
-        if gpu.backend() is not None or type(self).rotated_unit is not TurboQuantCodec.rotated_unit: return None
+        if gpu.backend() is not None or not self.cpu_fast or type(self).rotated_unit is not TurboQuantCodec.rotated_unit: return None
         out = []
         for i, (s, e, b, c, t, _) in enumerate(self.groups):
             ps = code_planes(blk[f"c{i}"], b, e - s, self._tables()[i])
@@ -286,8 +286,10 @@ def _make(config: KVCacheConfig):
     cfg = config.options
     def codecs(kd, vd):
         kc = TurboQuantProdCodec if cfg.variant == "prod" else TurboQuantCodec
-        return (kc(kd, cfg.key_bits, cfg.seed, cfg.rotation, cfg.codebook, cfg.center),
-                TurboQuantCodec(vd, cfg.value_bits, cfg.seed, cfg.rotation, cfg.codebook))
+        out = (kc(kd, cfg.key_bits, cfg.seed, cfg.rotation, cfg.codebook, cfg.center),
+               TurboQuantCodec(vd, cfg.value_bits, cfg.seed, cfg.rotation, cfg.codebook))
+        for c in out: c.cpu_fast = True  # this method's codecs take the CPU shortcuts (methods reusing the codec keep their outputs)
+        return out
     def encode(kc, vc):  # the fused append kernel (rotate + codebook + pack, keys and values in one dispatch) where it applies
         if not (cfg.use_kernels and cfg.variant == "mse" and not cfg.center and kc.head_dim == vc.head_dim
                 and len(kc.groups) == 1 and len(vc.groups) == 1 and tq_append_supported(kc.head_dim, kc.bits, vc.bits)):
