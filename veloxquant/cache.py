@@ -187,7 +187,7 @@ class VQCache(_BaseCache):
     run through `compiled_decode_attention` where the codecs are `compilable` and `compiled_decode` says so (off by default)."""
     block_size = None  # tokens per history block; None: `block_tokens` (adapts to the number of queries)
     window_buffer = True  # decode steps of float16 models write their token into a preallocated fp16 window (see "The decode step")
-    decoded_prefill = None  # prefill chunks over codes attend to the decoded history with the fused SDPA: True, None = on GPU back-ends, False = never
+    decoded_prefill = None  # prefill chunks over codes attend to the decoded history with the fused SDPA: True, None = on GPU back-ends (on the CPU too where both codecs set `cpu_fast`), False = never
     tiled_decode = None  # decode steps without a fused kernel attend over decoded tiles (`veloxquant.tiles`): None = on GPU back-ends, True = always, False = never
     compiled_decode = False  # decode steps through `compiled_decode_attention`: True = always, None = on GPU back-ends only, False = never (default: not yet faster, see the notebook)
     attends_itself = True  # the dispatcher's protocol: mlx-lm's attention call goes to `attend`
@@ -403,15 +403,15 @@ class VQCache(_BaseCache):
                 blocks = self._blocks(self.block_size or block_tokens(queries.shape[2], queries.shape[1]))
                 if sk:  # the sink tokens come first in position order: one exact block before the codes
                     blocks = (b for part in (dense_blocks(*sk, sk[0].shape[2]), blocks) for b in part)
-                out = blockwise_attention(queries, self.n_sink + n, blocks, ek, ev, scale, mask, sinks)
+                out = blockwise_attention(queries, self.n_sink + n, blocks, ek, ev, scale, mask, sinks, one_pass=self._cpu_fast())
         if self.pending is not None: self._flush()
         return out
 
     def _use_decoded_prefill(self) -> bool:
-        "Whether chunks of several queries attend to the decoded history (`decoded_prefill`; auto: a GPU back-end) — codecs permitting."
-        on = gpu.backend() is not None if self.decoded_prefill is None else bool(self.decoded_prefill)
+        "Whether chunks of several queries attend to the decoded history (`decoded_prefill`; auto: a GPU back-end, or codecs that set `cpu_fast`) — codecs permitting."
+        on = (gpu.backend() is not None or self._cpu_fast()) if self.decoded_prefill is None else bool(self.decoded_prefill)
         return on and self.k_codec.attends_by_decoding() and self.v_codec.attends_by_decoding() and type(self)._blocks is VQCache._blocks
-
+    def _cpu_fast(self) -> bool: return gpu.backend() is None and all(getattr(c, "cpu_fast", False) for c in (self.k_codec, self.v_codec))  # codecs' CPU opt-in
     prefill_score_budget = 1 << 31  # bytes of fp32 scores one fused-SDPA call of the decoded prefill may imply (query blocks beyond it)
 
     def _attend_decoded(self, queries, n, ek, ev, sk, scale, mask, sinks):

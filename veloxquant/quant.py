@@ -11,10 +11,11 @@ import numpy as np
 import mlx.core as mx
 
 # %% auto #0
-__all__ = ['SUPPORTED_HEAD_DIMS', 'ROTATIONS', 'SPHERE_DIMS', 'CODEBOOK_BITS', 'CODEBOOK_FILE', 'PACK_BITS', 'sylvester_hadamard',
-           'dct_matrix', 'hadamard_like', 'randomized_hadamard', 'random_orthogonal', 'rotation', 'fwht', 'lloyd_max',
-           'dist_name', 'save_artifact', 'load_artifact', 'save_codebooks', 'load_codebooks', 'default_codebook_path',
-           'precompute', 'Codebook', 'codebook', 'packed_words', 'pack_bits', 'unpack_bits', 'lookup']
+__all__ = ['SUPPORTED_HEAD_DIMS', 'ROTATIONS', 'SPHERE_DIMS', 'CODEBOOK_BITS', 'CODEBOOK_FILE', 'PACK_BITS', 'PLANE_BITS',
+           'sylvester_hadamard', 'dct_matrix', 'hadamard_like', 'randomized_hadamard', 'random_orthogonal', 'rotation',
+           'fwht', 'lloyd_max', 'dist_name', 'save_artifact', 'load_artifact', 'save_codebooks', 'load_codebooks',
+           'default_codebook_path', 'precompute', 'Codebook', 'codebook', 'packed_words', 'pack_bits', 'unpack_bits',
+           'lookup', 'plane_order', 'code_planes', 'affine_plane_scores', 'affine_plane_mix']
 
 # %% ../nbs/03_quant.ipynb #256efd2b
 SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -316,3 +317,70 @@ def lookup(table: mx.array, codes: mx.array) -> mx.array:
     out = mx.where(codes == 1, table[1], table[0])
     for i in range(2, K): out = mx.where(codes == i, table[i], out)
     return out
+
+# %% ../nbs/03_quant.ipynb #f8f6f5c6
+PLANE_BITS = (1, 2, 3, 4)  # widths `code_planes` reads: 8/bits codes in each byte (1, 2, 4 bits), 8 in 3 bytes (3 bits)
+
+def _plane_group(bits: int) -> tuple[int, int]:
+    "(codes per group, bytes per group) of `code_planes`: a group of bytes that no code crosses."
+    return (8, 3) if bits == 3 else (8 // bits, 1)
+
+@functools.lru_cache(maxsize=None)
+def _planes_fn(bits: int, table: tuple | None):
+    "Compiled (shapeless, element-wise only): the bytes of each group → its codes as float32 planes (or `table[code]`)."
+    mask, (per, nb) = (1 << bits) - 1, _plane_group(bits)
+    def tree(cd, lo, hi, bit):  # table[lo:hi] by the code's bits below `bit`: hi − lo − 1 selects, no gather
+        if hi - lo == 1: return mx.array(table[lo], mx.float32)
+        mid = (lo + hi) // 2
+        return mx.where((cd & (1 << (bit - 1))) > 0, tree(cd, mid, hi, bit - 1), tree(cd, lo, mid, bit - 1))
+    def f(*xs):
+        v = xs[0].astype(mx.uint32)
+        for k in range(1, nb): v = v | (xs[k].astype(mx.uint32) << (8 * k))
+        cds = [(v >> (bits * j)) & mask for j in range(per)]
+        return [cd.astype(mx.float32) if table is None else tree(cd, 0, len(table), bits) for cd in cds]
+    return mx.compile(f, shapeless=True)
+
+def plane_order(n: int, bits: int) -> np.ndarray:
+    "Channel of each column of the planes of `code_planes(..., bits, n)` laid side by side: plane j, column g holds channel per·g + j."
+    per = _plane_group(bits)[0]
+    return (per * np.arange(n // per)[None, :] + np.arange(per)[:, None]).reshape(-1)
+
+def code_planes(words: mx.array, bits: int, n: int, table=None) -> list[mx.array] | None:
+    """The `n` codes of packed uint32 words [..., W] (`pack_bits`' layout; for 2, 3, 4 bits also `mx.quantize`'s) as
+    float32 planes [..., n/per] (per = 8/bits codes per byte, 8 per 3 bytes at 3 bits): plane j holds the codes
+    j, per + j, 2·per + j, …; with `table` (a codebook of 2^bits values) `table[code]` in place of each code. One
+    element-wise kernel over the bytes (`mx.compile`, shapeless: no retrace as a history grows), no gather (on the CPU
+    a gather of codebook values costs several times more). Contract a query in `plane_order` with the planes (one matmul
+    per plane) instead of decoding. None unless `bits` ∈ `PLANE_BITS` and the words hold exactly `n` codes (32 | n·bits)."""
+    if bits not in PLANE_BITS or n * bits % 32 or words.shape[-1] != packed_words(n, bits): return None
+    per, nb = _plane_group(bits)
+    key = None if table is None else tuple(float(x) for x in np.asarray(table, np.float32))
+    x = words.view(mx.uint8).reshape(*words.shape[:-1], n // per, nb)  # little-endian bytes: code per·g + j at bit bits·j of group g
+    return _planes_fn(bits, key)(*(x[..., k] for k in range(nb)))
+
+def affine_plane_scores(q, ps, scales, biases, group_size: int, order) -> mx.array:
+    """q [..., R, D] (float32) against affine codes given as `code_planes` `ps` with per-group `scales`, `biases` [..., t, D/g]:
+    q · (s·code + b) per group = s·(q · code) + b·Σq → [..., R, t]; `order` the `plane_order` indices (mx int32)."""
+    qp, w, G = q[..., order], ps[0].shape[-1], q.shape[-1] // group_size
+    gw, sc, bi, out = w // G, scales.astype(mx.float32), biases.astype(mx.float32), None
+    for k in range(G):
+        sk = None
+        for j, pl in enumerate(ps):
+            a = qp[..., j * w + k * gw:j * w + (k + 1) * gw] @ (pl if G == 1 else pl[..., k * gw:(k + 1) * gw]).swapaxes(-1, -2)
+            sk = a if sk is None else sk + a
+        qs = q[..., k * group_size:(k + 1) * group_size].sum(-1, keepdims=True)
+        term = sk * mx.expand_dims(sc[..., k], -2) + qs * mx.expand_dims(bi[..., k], -2)
+        out = term if out is None else out + term
+    return out
+
+def affine_plane_mix(p, ps, scales, biases, group_size: int, inverse) -> mx.array:
+    """Weights p [..., R, t] (float32) over affine codes as `code_planes` `ps`: Σ_t p_t (s_t·code_t + b_t) per group =
+    (p ⊙ s) @ codes + p @ b, plane by plane → [..., R, D] in channel order (`inverse`: argsort of `plane_order`, mx int32)."""
+    w = ps[0].shape[-1]; G = len(ps) * w // group_size; gw = w // G
+    sc, bi = scales.astype(mx.float32), biases.astype(mx.float32)
+    parts = [[None] * G for _ in ps]
+    for k in range(G):
+        pk, bk = p * mx.expand_dims(sc[..., k], -2), p @ bi[..., k:k + 1]
+        for j, pl in enumerate(ps): parts[j][k] = pk @ (pl if G == 1 else pl[..., k * gw:(k + 1) * gw]) + bk
+    return mx.concatenate([x for row in parts for x in row], axis=-1)[..., inverse]
+

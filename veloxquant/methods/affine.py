@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int, check_bool
 from ..cache import Codec, VQCache
+from ..quant import code_planes, plane_order, affine_plane_scores, affine_plane_mix
+import numpy as np
 import veloxquant.gpu as gpu
 from ..gpu import (
     DECODE_PARTIAL_OUTPUTS, DECODE_WARPS, MERGE_WARPS, MMA_TARGET_GROUPS, MMA_TOKENS, MMA_WARPS, decode_split,
@@ -46,6 +48,7 @@ class AffineCodec(Codec):
     "Per-token group affine quantization along head_dim (`mx.quantize`); codes uint32, scales/biases fp16."
     compilable = True  # pure scores/mix: the compiled decode path (when the fused kernel does not run) may trace them
     decodes_exactly = True  # scores/mix are q·decode(k)ᵀ and p·decode(v) (the GPU prefill attends to decoded tiles)
+    cpu_fast = False  # set by this method's caches: on the CPU code planes, prefill over the dequantized history, one-softmax decode steps
     def __init__(self, head_dim: int, bits: int, group_size: int):
         if head_dim % group_size:
             raise ValueError(f"group_size={group_size} does not divide head_dim={head_dim}; allowed: divisors of {head_dim} among (32, 64, 128)")
@@ -62,16 +65,34 @@ class AffineCodec(Codec):
         return self.decode(blk).astype(dtype)
     def _q(self, blk, dtype):
         return (mx.expand_dims(blk["w"], 2), mx.expand_dims(blk["scales"].astype(dtype), 2), mx.expand_dims(blk["biases"].astype(dtype), 2))
+    def _planes(self, blk):
+        "On the CPU back-end the codes as float32 planes (`code_planes`: faster there than `mx.quantized_matmul`), else None."
+        if gpu.backend() is not None or not self.cpu_fast: return None
+        ps = code_planes(blk["w"], self.bits, self.head_dim)
+        if ps is not None and getattr(self, "_order", None) is None:
+            o = plane_order(self.head_dim, self.bits)
+            self._order = (mx.array(o.astype(np.int32)), mx.array(np.argsort(o).astype(np.int32)))
+        return ps
     def scores(self, q, blk):
         if gpu.backend() == "cuda": return super().scores(q, blk)  # see below
-        return mx.quantized_matmul(q, *self._q(blk, q.dtype), transpose=True, group_size=self.gs, bits=self.bits)
+        ps = self._planes(blk)
+        if ps is None: return mx.quantized_matmul(q, *self._q(blk, q.dtype), transpose=True, group_size=self.gs, bits=self.bits)
+        B, H, rep, L, D = q.shape  # CPU: the codes contracted plane by plane (`quant.affine_plane_scores`)
+        return affine_plane_scores(q.reshape(B, H, rep * L, D), ps, blk["scales"], blk["biases"], self.gs, self._order[0]).reshape(B, H, rep, L, -1)
     def mix(self, p, blk):
         if gpu.backend() == "cuda": return super().mix(p, blk)
-        return mx.quantized_matmul(p, *self._q(blk, p.dtype), transpose=False, group_size=self.gs, bits=self.bits)
+        ps = self._planes(blk)
+        if ps is None: return mx.quantized_matmul(p, *self._q(blk, p.dtype), transpose=False, group_size=self.gs, bits=self.bits)
+        B, H, rep, L, t = p.shape  # CPU: plane by plane (`quant.affine_plane_mix`)
+        return affine_plane_mix(p.reshape(B, H, rep * L, t), ps, blk["scales"], blk["biases"], self.gs, self._order[1]).reshape(B, H, rep, L, -1)
+
+def _cpu_fast(*codecs):  # this method's codecs take the CPU shortcuts (other methods built on AffineCodec keep their outputs)
+    for c in codecs: c.cpu_fast = True
+    return codecs
 
 def _make(config: KVCacheConfig):
     cfg = config.options
-    codecs = lambda kd, vd: (AffineCodec(kd, cfg.key_bits, cfg.group_size), AffineCodec(vd, cfg.value_bits, cfg.group_size))
+    codecs = lambda kd, vd: _cpu_fast(AffineCodec(kd, cfg.key_bits, cfg.group_size), AffineCodec(vd, cfg.value_bits, cfg.group_size))
     def fused(kc, vc):  # the fused decode kernel where it applies (GPU back-end, supported layout)
         kd, vd = kc.head_dim, vc.head_dim
         if not (cfg.use_kernels and kd == vd and affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size)):

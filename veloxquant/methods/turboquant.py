@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int, check_bool
 from ..cache import Codec, VQCache, register_cache_class, seal_state
-from ..quant import rotation, codebook, pack_bits, unpack_bits, packed_words, ROTATIONS
+from ..quant import rotation, codebook, pack_bits, unpack_bits, packed_words, ROTATIONS, code_planes, plane_order
 import veloxquant.gpu as gpu
 from ..gpu import (
     DECODE_PARTIAL_OUTPUTS, MERGE_WARPS, MMA_TARGET_GROUPS, MMA_TOKENS, MMA_WARPS, decode_split, register_kernel,
@@ -91,6 +91,7 @@ class TurboQuantCodec(Codec):
         self.sequence_state = center  # mu comes from the first chunk: no exact trim, no batching
         self.compilable = not center  # the compiled decode path traces scores/mix; a mean mu set later would be baked in
         self.decodes_exactly = True  # scores/mix are q·decode(k)ᵀ and p·decode(v) (the GPU prefill attends to decoded tiles)
+        self.cpu_fast = False  # set by this method's caches: on the CPU code planes, prefill over the decoded history, one-softmax decode steps
         self.R = rotation(rotation_kind, d, seed)
         self.rot_name = f"rotation/{rotation_kind}/d{d}/seed{seed}"
         self.groups = []
@@ -99,6 +100,7 @@ class TurboQuantCodec(Codec):
             else: cb = codebook("gaussian", b); scale = 1.0 / math.sqrt(d)
             self.groups.append((s, e, b, cb.centroids * scale, cb.boundaries * scale, f"codebook/{cb.name}/b{b}"))
         self._qkey = self._qrot = None
+        self._planes_perm = None; self._qpkey = self._qp = None  # the CPU path's plane order (see `_cpu_planes`)
 
     def _encode(self, x):
         "(codes dict, rotated unit vectors y, their codebook values ŷ or None) of x [B, H, T, D]."
@@ -122,8 +124,35 @@ class TurboQuantCodec(Codec):
         return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
 
     def decode(self, blk):
-        x = (self.rotated_unit(blk) * blk["norm"].astype(mx.float32)) @ self.R.T
+        pl = self._cpu_planes(blk)
+        if pl is not None:  # CPU: the codebook values in plane order, rotated back by the rows of Rᵀ in that order
+            y = mx.concatenate([x for ps in pl for x in ps], axis=-1)
+            x = (y * blk["norm"].astype(mx.float32)) @ self._perm()[1]
+        else: x = (self.rotated_unit(blk) * blk["norm"].astype(mx.float32)) @ self.R.T
         return x if self.mu is None else x + self.mu
+
+    def _cpu_planes(self, blk):
+        """On the CPU back-end, per channel group, the codebook values ŷ of a block as float32 planes (`code_planes`:
+        one compiled element-wise kernel of selects, no gather; a CPU gather of codebook values costs ~8× more); None
+        elsewhere (GPU back-ends keep `rotated_unit`) or for a group whose layout `code_planes` does not read."""
+        if gpu.backend() is not None or not self.cpu_fast or type(self).rotated_unit is not TurboQuantCodec.rotated_unit: return None
+        out = []
+        for i, (s, e, b, c, t, _) in enumerate(self.groups):
+            ps = code_planes(blk[f"c{i}"], b, e - s, self._tables()[i])
+            if ps is None: return None
+            out.append(ps)
+        return out
+
+    def _tables(self):
+        if getattr(self, "_tabs", None) is None: self._tabs = [tuple(np.asarray(g[3], np.float32).tolist()) for g in self.groups]
+        return self._tabs
+
+    def _perm(self):
+        "(R with its columns in plane order, Rᵀ with its rows in plane order): q·R and ·Rᵀ straight in the planes' channel order."
+        if self._planes_perm is None:
+            o = mx.array(np.concatenate([s + plane_order(e - s, b) for s, e, b, *_ in self.groups]).astype(np.int32))
+            self._planes_perm = (self.R[:, o], self.R.T[o])
+        return self._planes_perm
 
     def _rotate_query(self, q):
         "q @ R, computed once per attention call (the same query array is passed for every block)."
@@ -131,16 +160,32 @@ class TurboQuantCodec(Codec):
         return self._qrot
 
     def scores(self, q, blk):
-        qr = self._rotate_query(q)                             # [B, Hkv, rep, L, D]
-        yk = mx.expand_dims(self.rotated_unit(blk), 2)         # [B, Hkv, 1, t, D]
         nk = blk["norm"].astype(mx.float32)[:, :, None, None, :, 0]  # [B, Hkv, 1, 1, t]
-        s = (qr @ yk.swapaxes(-1, -2)) * nk
+        pl = self._cpu_planes(blk)
+        if pl is not None:  # CPU: the rotated query in plane order against each plane of codebook values, one matmul each
+            B, H, rep, L, D = q.shape
+            if q is not self._qpkey: self._qpkey, self._qp = q, (q @ self._perm()[0]).reshape(B, H, rep * L, D)
+            s, col = None, 0
+            for x in (x for ps in pl for x in ps):
+                a = self._qp[..., col:col + x.shape[-1]] @ x.swapaxes(-1, -2); col += x.shape[-1]
+                s = a if s is None else s + a
+            s = s.reshape(B, H, rep, L, -1) * nk
+        else:
+            qr = self._rotate_query(q)                             # [B, Hkv, rep, L, D]
+            yk = mx.expand_dims(self.rotated_unit(blk), 2)         # [B, Hkv, 1, t, D]
+            s = (qr @ yk.swapaxes(-1, -2)) * nk
         return s if self.mu is None else s + q @ mx.expand_dims(self.mu, 2).swapaxes(-1, -2)  # + q·mu
 
     def mix(self, p, blk):
         nv = blk["norm"].astype(mx.float32)[:, :, None, None, :, 0]
-        yv = mx.expand_dims(self.rotated_unit(blk), 2)
-        out = ((p * nv) @ yv) @ self.R.T
+        pl = self._cpu_planes(blk)
+        if pl is not None:  # CPU: the weighted sums plane by plane (rotated domain), then Rᵀ with its rows in plane order
+            B, H, rep, L, t = p.shape
+            pt = (p * nv).reshape(B, H, rep * L, t)
+            out = (mx.concatenate([pt @ x for ps in pl for x in ps], axis=-1) @ self._perm()[1]).reshape(B, H, rep, L, -1)
+        else:
+            yv = mx.expand_dims(self.rotated_unit(blk), 2)
+            out = ((p * nv) @ yv) @ self.R.T
         return out if self.mu is None else out + p.sum(-1, keepdims=True) * mx.expand_dims(self.mu, 2)  # + (Σp)·mu
 
     def shared_artifacts(self):
@@ -241,8 +286,10 @@ def _make(config: KVCacheConfig):
     cfg = config.options
     def codecs(kd, vd):
         kc = TurboQuantProdCodec if cfg.variant == "prod" else TurboQuantCodec
-        return (kc(kd, cfg.key_bits, cfg.seed, cfg.rotation, cfg.codebook, cfg.center),
-                TurboQuantCodec(vd, cfg.value_bits, cfg.seed, cfg.rotation, cfg.codebook))
+        out = (kc(kd, cfg.key_bits, cfg.seed, cfg.rotation, cfg.codebook, cfg.center),
+               TurboQuantCodec(vd, cfg.value_bits, cfg.seed, cfg.rotation, cfg.codebook))
+        for c in out: c.cpu_fast = True  # this method's codecs take the CPU shortcuts (methods reusing the codec keep their outputs)
+        return out
     def encode(kc, vc):  # the fused append kernel (rotate + codebook + pack, keys and values in one dispatch) where it applies
         if not (cfg.use_kernels and cfg.variant == "mse" and not cfg.center and kc.head_dim == vc.head_dim
                 and len(kc.groups) == 1 and len(vc.groups) == 1 and tq_append_supported(kc.head_dim, kc.bits, vc.bits)):
