@@ -12,7 +12,9 @@ __all__ = ['keep_topk', 'keep_chunks', 'layer_budgets', 'squeeze_budgets', 'head
 
 # %% ../nbs/06a_budgets.ipynb #fcec4332
 def keep_topk(scores: mx.array, k: int) -> mx.array:
-    """Indices [B, H, k] (int32, ascending) of the `k` largest of `scores` [B, H, N] per head (ties: the lower index)."""
+    """Indices [B, H, k] (int32, ascending) of the `k` largest of `scores` [B, H, N] per head (ties: the lower index).
+    `ValueError` for a negative `k`."""
+    if k < 0: raise ValueError(f"k={k!r}: tokens to keep; allowed: an integer >= 0")
     N = scores.shape[-1]
     if k >= N: return mx.broadcast_to(mx.arange(N, dtype=mx.int32), scores.shape)
     order = mx.argsort(-scores, axis=-1)  # MLX's sort is stable: equal scores keep index order

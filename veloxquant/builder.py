@@ -160,6 +160,11 @@ class KVCacheBuilder:
             if check is None: continue
             try: check(layer)
             except ValueError as e: raise refusal(model, f"method {config.method!r}: {e}") from None
+        for cls in {type(c) for c in caches if getattr(type(c), "prompt_pass", None) is not None}:  # KVzip's reconstruction
+            if not all(isinstance(c, cls) for c in caches):
+                raise refusal(model, f"method {config.method!r} runs a pass of its own over the prompt through every attention "
+                              f"layer, and {sum(not isinstance(c, cls) for c in caches)} layers of this model hold other caches "
+                              "(sliding-window or chunked attention)")
         _check_codecs(model, config, caches)  # a codec that cannot code these heads: refused now, not at the first token
         return caches
 

@@ -12,7 +12,8 @@ from .models import MLX_KV_FLAGS, is_mlx_kv_flag, split_model_flag, check_model_
 
 # %% auto #0
 __all__ = ['run_method', 'print_table', 'demo', 'generate_parser', 'prompt_cache_file_refusal', 'prompt_pass_refusal',
-           'with_prompt_passes', 'generate_main', 'eval_main', 'int_list', 'benchmark_main', 'main']
+           'draft_model_refusal', 'with_prompt_passes', 'generate_main', 'eval_main', 'int_list', 'benchmark_main',
+           'main']
 
 # %% ../nbs/08_cli.ipynb #38194602
 def _maybe_reexec_with_openblas(argv):
@@ -178,6 +179,17 @@ def prompt_pass_refusal(config: KVCacheConfig, rest: list[str] = ()) -> str | No
             f"with {bad[0]} (a saved prompt cache already holds part of the prompt; speculative decoding takes another "
             "loop); drop the flag")
 
+def draft_model_refusal(config: KVCacheConfig, rest: list[str] = ()) -> str | None:
+    """Why `--draft-model` (mlx-lm's speculative decoding, which trims the tokens the main model rejects) cannot run with
+    `config`'s caches, or None: they cannot be trimmed (`is_trimmable()` False, e.g. eviction methods)."""
+    flags = [a.split("=", 1)[0] for a in rest]
+    if not any(f.startswith("--dr") and "--draft-model".startswith(f) for f in flags): return None
+    try: trimmable = config.make_cache().is_trimmable()
+    except Exception: return None  # a method that builds only with a model (calibrated): mlx-lm's own check then
+    if trimmable: return None
+    return (f"--draft-model (speculative decoding) trims the tokens the main model rejects, and method {config.method!r}'s "
+            "caches cannot be trimmed (is_trimmable() is False); drop the flag")
+
 def with_prompt_passes(step_fn, tokenizer):
     """Wrap mlx-lm's `generate_step` (`step_fn`) for caches with a prompt pass of their own (KVzip): a generator that,
     at its first token, fills the caches with all but the prompt's last token (`veloxquant.eval.prefill_prompt`, in
@@ -227,7 +239,7 @@ def generate_main(argv):
         print(f"veloxquant generate: error: {refused[0]} configures mlx-lm's own KV cache, which --method replaces "
               "(it would be ignored); choose the cache with --method, e.g. --method affine:key_bits=4,value_bits=4", file=sys.stderr)
         sys.exit(2)
-    if (why := prompt_cache_file_refusal(rest, config) or prompt_pass_refusal(config, rest)):
+    if (why := prompt_cache_file_refusal(rest, config) or prompt_pass_refusal(config, rest) or draft_model_refusal(config, rest)):
         print(f"veloxquant generate: error: {why}", file=sys.stderr); sys.exit(2)
     if "--model" in rest and (i := rest.index("--model") + 1) < len(rest) and not ("-h" in rest or "--help" in rest):
         try:

@@ -35,12 +35,24 @@ def quantizer_config(spec: str) -> KVCacheConfig:
     `"turboquant:key_bits=3,value_bits=3"`; inside an outer spec string write `+` between the quantizer's options:
     `"h2o:budget=0.5,quantizer=turboquant:key_bits=3+value_bits=3"`). `ValueError` for a non-string, an unknown method, an eviction method,
     or codecs that encode groups of tokens or keep sequence statistics (`token_group > 1`, `sequence_state`:
-    survivors of different positions could not be gathered from such codes)."""
+    survivors of different positions could not be gathered from such codes), a calibrated method (its artifact binds
+    codecs to layers), and a method whose cache attends or stores in its own way (it overrides `VQCache`'s
+    `update_and_fetch`, `attend`, `_blocks` or `_encode_append`: cross-layer codes, pre-RoPE keys, coded streams). The
+    evicting cache keeps only the codecs, so none of those would be right."""
     if not isinstance(spec, str): raise ValueError(f"quantizer={spec!r} must be a method spec string such as 'turboquant:key_bits=3'")
     cfg = parse_method(spec.replace("+", ","))  # '+' separates the quantizer's options inside an outer spec string
     if isinstance(cfg.options, EvictConfig): raise ValueError(f"quantizer={spec!r} is an eviction method; allowed: a per-token quantizer")
+    allowed = "a per-token quantizer such as fp16, affine, turboquant, q4_0, q8_0, polar, qjl, rabitq, nsnquant, turboquant_rvq"
+    if hasattr(cfg.options, "path") and hasattr(cfg.options, "layer"):  # calibrated methods: their artifact is per layer
+        raise ValueError(f"quantizer={spec!r} is a calibrated method (its artifact binds codecs to layers); an evicting "
+                         f"cache does not support calibrated quantizers; allowed: {allowed}")
     c = cfg.make_cache()
     if not isinstance(c, VQCache): raise ValueError(f"quantizer={spec!r} makes {type(c).__name__} caches, not codec-based VQCache")
+    own = [n for n in ("update_and_fetch", "attend", "_blocks", "_encode_append") if getattr(type(c), n) is not getattr(VQCache, n)]
+    if own and cfg.method != "fp16":
+        raise ValueError(f"quantizer={spec!r}: its cache ({type(c).__name__}) stores or attends in its own way (overrides "
+                         f"VQCache.{own[0]}), which an evicting cache cannot keep (it stores survivors through the codecs "
+                         f"only); allowed: {allowed}")
     for codec in c._make_codecs(64, 64):
         if codec.token_group != 1 or codec.sequence_state:
             raise ValueError(f"quantizer={spec!r} encodes tokens in groups or keeps sequence statistics (token_group="
