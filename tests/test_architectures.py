@@ -83,10 +83,12 @@ def method_configs(model=None):
 
 
 def caches_or_refused(model, cfg):
-    "The method's caches, or None when it is refused because it undoes RoPE and the model's RoPE cannot be undone (a clear build-time error)."
+    """The method's caches, or None when it is refused at build time with a clear error: it undoes RoPE and the model's
+    RoPE cannot be undone, its hook covers Llama blocks only, or its prompt pass needs every layer (kvzip on sliding layers)."""
     try: return vq.KVCacheBuilder.for_model(model, cfg)
     except ValueError as e:
-        if "methods that undo RoPE cannot serve it" in str(e) or "Llama block family" in str(e): return None
+        if ("methods that undo RoPE cannot serve it" in str(e) or "Llama block family" in str(e)
+                or "runs a pass of its own over the prompt through every attention layer" in str(e)): return None  # kvzip on sliding layers
         raise
 
 

@@ -350,6 +350,8 @@ class VQBatchCache(VQCache):
         offset = mx.concatenate([self.offset, other.offset])
         if self._idx == 0 and other._idx == 0:
             self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
+            if self.boundary is not None or other.boundary is not None:  # no positions yet: every row's boundary is 0
+                self.boundary = mx.zeros(offset.shape, mx.int32)
         else:
             self._relayout([self._rows(), other._rows()])
         self.offset = offset
