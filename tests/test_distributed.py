@@ -173,17 +173,19 @@ def test_serve_under_mlx_launch(tiny_dir, tmp_path):
 
 
 REFUSALS = """
-import sys
+import os, sys, pathlib
 from veloxquant.serve import serve_main
-for args in (["--method", "fp16"], ["--model", sys.argv[1], "--pipel"]):  # the default model: 9 query, 3 KV heads
+for i, args in enumerate((["--method", "fp16"], ["--model", sys.argv[1], "--pipel"])):  # the default model: 9 query, 3 KV heads
     try: serve_main(args)
-    except SystemExit as e: print("exit", e.code, flush=True)
+    except SystemExit as e:  # one file per rank and refusal: the two ranks' stdout lines can interleave
+        pathlib.Path(sys.argv[2], f"rank{os.environ.get('MLX_RANK', '?')}-{i}").write_text(f"exit {e.code}")
 """
 
 
-def test_serve_refuses_what_it_cannot_shard(tiny_dir):
-    p = run(launch_cmd(2, ["-c", REFUSALS, str(tiny_dir)]), timeout=300)  # both checks run before mlx-lm's server is imported
+def test_serve_refuses_what_it_cannot_shard(tiny_dir, tmp_path):
+    p = run(launch_cmd(2, ["-c", REFUSALS, str(tiny_dir), str(tmp_path)]), timeout=300)  # both checks run before mlx-lm's server is imported
     out = p.stderr + p.stdout
-    assert out.count("exit 2") == 4, out[-3000:]  # 2 refusals x 2 ranks
+    codes = {f.name: f.read_text() for f in tmp_path.iterdir()}
+    assert codes == {f"rank{r}-{i}": "exit 2" for r in (0, 1) for i in (0, 1)}, (codes, out[-3000:])  # 2 refusals x 2 ranks
     assert "the model has 9 query heads and 3 KV heads: tensor parallelism over 2 ranks" in out, out[-3000:]
     assert "--pipeline: mlx-lm's pipeline stages" in out and "drop --pipeline" in out, out[-3000:]
