@@ -394,3 +394,44 @@ def test_padded_batch_fused_decode(sharp_model, spec, dtype, monkeypatch):
         assert taken and all(taken), f"{spec}: {taken.count(False)} of {len(taken)} decode steps missed the fused path"
     finally:
         sharp_model.set_dtype(mx.float32)
+
+
+@pytest.mark.parametrize("spec", ["affine:window=0", "affine:key_bits=4,value_bits=4,window=8", "turboquant:window=16"])
+def test_padded_batch_decoded_prefill(sharp_model, spec, monkeypatch):
+    """A chunk of several queries per row over a padded batch (`VQBatchCache._attend_decoded_rows`, the GPU default,
+    forced here with `decoded_prefill = True`) equals the blockwise reference with `make_mask`'s padding mask on the
+    same cache state, chunk after chunk (every row's window boundary moves on its own), and after `filter`; and
+    BatchGenerator's greedy tokens are those of the reference path."""
+    try:
+        vq.compress(sharp_model, parse_method(spec))
+        seqs = []
+        for p in PROMPTS:
+            c = sharp_model.make_cache()
+            for _ in zip(range(3), generate_step(mx.array(p), sharp_model, max_tokens=3, prompt_cache=c, prefill_step_size=16)): pass
+            seqs.append(c)
+        calls, real = [], VQBatchCache._attend_decoded_rows
+        def spy(self, *a):
+            calls.append(1); return real(self, *a)
+        monkeypatch.setattr(VQBatchCache, "_attend_decoded_rows", spy)
+        for layer in range(len(seqs[0])):
+            fast, ref = merge_caches([c[layer] for c in seqs]), merge_caches([c[layer] for c in seqs])
+            fast.decoded_prefill, ref.decoded_prefill = True, False
+            H, D = 2, 64
+            mx.random.seed(layer)
+            for step, T in enumerate([5, 9, 1, 12, 7]):
+                if step == 3: fast.filter([0, 2, 3]); ref.filter([0, 2, 3])
+                B = fast.offset.shape[0]
+                k, v = (mx.random.normal((B, H, T, D)) for _ in range(2))
+                q = 2 * mx.random.normal((B, 2 * H, T, D))
+                mask = ref.make_mask(T)
+                fast.update_and_fetch(k, v); ref.update_and_fetch(k, v)
+                a, b = np.array(fast.attend(q, k, v, D ** -0.5, mask)), np.array(ref.attend(q, k, v, D ** -0.5, mask))
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"{spec} layer {layer} step {step}")
+        assert len(calls) == 2 * 4, calls  # every multi-query chunk of both layers took the decoded path
+        monkeypatch.setattr(VQBatchCache, "decoded_prefill", True)
+        got, _, _ = batched(sharp_model, PROMPTS, [6] * 4, prefill_step_size=16)
+        monkeypatch.setattr(VQBatchCache, "decoded_prefill", False)
+        want, _, _ = batched(sharp_model, PROMPTS, [6] * 4, prefill_step_size=16)
+        assert got == want
+    finally:
+        vq.decompress(sharp_model)

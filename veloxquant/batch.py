@@ -64,8 +64,9 @@ class VQBatchCache(VQCache):
     (`BatchKVCache`): `merge`, `prepare`, `finalize`, `filter`, `extend`, `extract`, `make_mask`, `trim`,
     `state`/`from_state`. Built from the per-sequence caches of any registered method (its codecs, its
     fp16 `window`), attending through the dispatcher: decode steps through the method's fused kernel with per-row
-    ranges where it has one (`_attend_rows`, GPU: affine, turboquant), everything else through `blockwise_attention`
-    with padding masks.
+    ranges where it has one (`_attend_rows`, GPU: affine, turboquant), prefill chunks over codes through the decoded
+    history and the fused SDPA with the padding mask where `decoded_prefill` says so (`_attend_decoded_rows`; GPU, or
+    codecs that set `cpu_fast`), everything else through `blockwise_attention` with padding masks.
 
     Layout: sequences are right-aligned on a shared token axis of `_idx` physical positions; row b has
     `left_padding[b]` padding positions in front; `offset` [B] (int32) is each sequence's length (the
@@ -182,7 +183,8 @@ class VQBatchCache(VQCache):
     def attend(self, queries, keys, values, scale, mask, sinks=None):
         """Attention of `queries` [B, Hq, L, D] over codes, fp16 window, deferred prefill tokens and the
         step's keys; `mask` is `make_mask`'s boolean [B, 1, L, _idx] (padding and causality). A decode step takes the
-        method's fused kernel with per-row ranges where it has one (`_attend_rows`), else the blockwise reference."""
+        method's fused kernel with per-row ranges where it has one (`_attend_rows`); a chunk of several queries the
+        decoded history where `decoded_prefill` says so (`_attend_decoded_rows`); else the blockwise reference."""
         if queries.shape[2] == 1 and self.k_store.length and (out := self._attend_rows(queries, keys, values, scale, sinks)) is not None:
             if self.pending is not None: self._store_pending()
             return out
@@ -195,12 +197,40 @@ class VQBatchCache(VQCache):
         if hi == 0:
             out = mx.fast.scaled_dot_product_attention(queries, ek.astype(queries.dtype), ev.astype(queries.dtype),
                                                        scale=scale, mask=mask, sinks=sinks)
+        elif queries.shape[2] > 1 and self._use_decoded_prefill() and not isinstance(mask, str):
+            out = self._attend_decoded_rows(queries, lo, hi, ek, ev, scale, mask, sinks)
         else:
             blocks = self._blocks(self.block_size or block_tokens(queries.shape[2], queries.shape[1]), lo)
             if hi > lo: blocks = (b for part in (blocks, [self._overlap_block(lo, hi)]) for b in part)
             out = blockwise_attention(queries, hi, blocks, ek, ev, scale, mask, sinks)
         if self.pending is not None: self._store_pending()
         return out
+
+    def _attend_decoded_rows(self, queries, lo, hi, ek, ev, scale, mask, sinks):
+        """A chunk of several queries per row (prefill) over the decoded history through
+        `mx.fast.scaled_dot_product_attention` with the padding mask: the codes of positions [0, hi) decoded
+        (`Codec.decode_as`, in the queries' dtype; a transient of this layer's history, freed after the call), where
+        in the overlap [lo, hi) a row reads its exact fp16 tokens from its `boundary` on, then the fp16 positions
+        [hi, _idx) `ek`/`ev`. The same attention as the blockwise path over `scores`/`mix` (the codecs'
+        `attends_by_decoding`), in the fused kernel's precision; padding positions are masked as there. Queries go in
+        blocks when the chunk's fp32 scores would exceed `prefill_score_budget` bytes. `mask`: bool [B, 1, L, _idx]
+        or None."""
+        dt = queries.dtype
+        K = self.k_codec.decode_as(self.k_store.slice(0, hi), dt)
+        V = self.v_codec.decode_as(self.v_store.slice(0, hi), dt)
+        if hi > lo:  # rows whose boundary lies below a position of the overlap read it exact
+            coded = (mx.arange(lo, hi)[None] < self.boundary[:, None])[:, None, :, None]  # [B, 1, t, 1]
+            K = mx.concatenate([K[:, :, :lo], mx.where(coded, K[:, :, lo:], self.k_exact[:, :, :hi - lo].astype(dt))], axis=2)
+            V = mx.concatenate([V[:, :, :lo], mx.where(coded, V[:, :, lo:], self.v_exact[:, :, :hi - lo].astype(dt))], axis=2)
+        K, V = mx.concatenate([K, ek.astype(dt)], axis=2), mx.concatenate([V, ev.astype(dt)], axis=2)
+        B, Hq, L, _ = queries.shape; S = K.shape[2]
+        if mask is not None and (mask.shape[-1] != S or mask.shape[-2] != L):
+            raise ValueError(f"mask shape {mask.shape} does not match {L} queries over {S} positions")
+        step = max(1, self.prefill_score_budget // max(1, 4 * B * Hq * S))
+        outs = [mx.fast.scaled_dot_product_attention(queries[:, :, q0:q0 + step], K, V, scale=scale,
+                                                     mask=None if mask is None else mask[..., q0:q0 + step, :], sinks=sinks)
+                for q0 in range(0, L, step)]
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
         "Boolean mask [B, 1, N, _idx + N]: causal, and no row sees its left padding (`create_causal_mask`)."
