@@ -132,3 +132,14 @@ def test_calibrated_method_seals_its_state(spec, tiny_model, tmp_path):
         mx.save_safetensors(str(bad), dict(arrays, **{key: flat.at[flat.size // 2].add(1).reshape(a.shape)}), meta)
         with pytest.raises(ValueError, match="checksum does not match"):
             load_prompt_cache(str(bad))
+
+
+@pytest.mark.parametrize("entry", ["config", "offset", "window", "dims"])
+def test_state_without_a_required_entry_is_refused(entry):
+    "A state lacking one of VQCache's required entries is refused with a ValueError naming it (was a bare KeyError), before anything is loaded."
+    st = dict(filled(AFF.make_cache()).state); st.pop(entry)
+    fresh = AFF.make_cache()
+    with warnings.catch_warnings(), pytest.raises(ValueError, match=f"no \\['{entry}'\\] entries"):
+        warnings.simplefilter("ignore")
+        fresh.state = st
+    assert fresh.offset == 0 and fresh.k_store.length == 0  # nothing half-loaded

@@ -149,12 +149,12 @@ def state_checksum(st) -> mx.array:
 
 def seal_state(st: dict) -> dict:
     "`st` with its `checksum` entry (re)computed; returns `st`."
-    st.pop(_CHECK, None); st[_CHECK] = state_checksum(st)
-    return st
+    st.pop(_CHECK, None); st[_CHECK] = state_checksum(st); return st
 
-def verify_state(st, owner: str) -> None:
-    """Refuse (`ValueError` naming `owner`) a state whose `checksum` does not match its arrays and scalars; warn
-    (`UserWarning`, loaded without integrity check) when it has none (saved before checksums existed)."""
+def verify_state(st, owner: str, required=()) -> None:
+    """Refuse (`ValueError` naming `owner`) a state lacking a `required` entry (dict states) or whose `checksum` does not
+    match its arrays and scalars; warn (`UserWarning`, loaded without integrity check) when it has none (saved before checksums)."""
+    if isinstance(st, dict) and (miss := [k for k in required if k not in st]): raise ValueError(f"corrupt cache state for {owner}: no {miss} entries; refused")
     got = st.get(_CHECK) if isinstance(st, dict) else (st[-1] if len(st) and isinstance(st[-1], mx.array) and st[-1].dtype == mx.uint32 else None)
     if got is None:
         warnings.warn(f"{owner}: this saved cache state has no checksum (written before veloxquant saved one); it is "
@@ -575,7 +575,7 @@ class VQCache(_BaseCache):
 
     @state.setter
     def state(self, st):
-        verify_state(st, type(self).__name__)
+        verify_state(st, type(self).__name__, required=("config", "offset", "window", "dims"))
         config = KVCacheConfig.from_dict(json.loads(st["config"]))
         fresh = self._fresh(config, st)
         if type(fresh).__name__ != type(self).__name__:  # by name: a notebook session may hold its own definition of the class
