@@ -5,8 +5,9 @@ Usage: python scripts/profile_prefill.py OUT_JSON [contexts] [specs separated by
 For each context and spec (stock mlx-lm or a method), on the random-weight Llama-3.1-8B-shaped model (fp16, 32 layers):
 the prefill is run as `mlx_lm.generate.generate_step` runs it (chunks of 2048 tokens, `mx.eval([c.state for c in
 cache])`, `mx.clear_cache()`), twice: a first pass (one-off costs: kernel compilation, new shapes) and a second on fresh
-caches. Per chunk: seconds of the model call + state eval, and seconds of evaluating the cache arrays alone vs the
-sealed `state` (checksum). Then 48 pipelined decode steps (tok/s) and a cProfile of the host side of 8 of them."""
+caches. Per chunk: seconds of the model call + state eval and the peak memory so far (GB); the seconds of evaluating
+the sealed `state` (checksum) of a filled cache. Then 48 pipelined decode steps (tok/s), the decode's own peak memory
+over the active memory the prefill left, and a cProfile of the host side of 8 steps."""
 import cProfile, io, json, pstats, sys, time
 import mlx.core as mx
 import veloxquant  # noqa: F401
@@ -74,7 +75,8 @@ for ctx in contexts:
                  second_build=[round(c["build_s"], 4) for c in second], peak_prefill_gb=mx.get_peak_memory() / 1e9,
                  state_s=[state_cost(caches) for _ in range(3)])
         r["prefill_tps_second"] = (len(prompt) - 1) / r["second_s"]
-        # decode: generate_step-style pipelining
+        # decode: generate_step-style pipelining (peak memory of the decode alone, over what the prefill left)
+        r["active_after_prefill_gb"] = mx.get_active_memory() / 1e9; mx.reset_peak_memory()
         y = prompt[-1:][None]
         tok = mx.argmax(model(y, cache=caches)[:, -1], axis=-1); mx.eval(tok)
         for _ in range(8):
@@ -91,7 +93,8 @@ for ctx in contexts:
         pr.disable(); mx.eval(lg)
         s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18)
         t0 = time.perf_counter(); lg = model(tok[None], cache=caches); r["decode_build_ms"] = (time.perf_counter() - t0) * 1e3; mx.eval(lg)
-        r["peak_gb"] = mx.get_peak_memory() / 1e9
+        r["decode_peak_gb"] = mx.get_peak_memory() / 1e9
+        r["kv_bytes"] = sum(c.nbytes for c in caches)
         print(json.dumps(r), flush=True)
         if spec != STOCK and ctx == contexts[0]: print(s.getvalue()[:5000], flush=True)
         if prof and spec != STOCK: print(prof[:6000], flush=True); r["prefill_profile"] = prof
