@@ -1,7 +1,8 @@
 """Golden outputs: what every method at its standard settings computes, recorded once before a refactor and
 checked bit for bit after it (tests/test_golden.py).
 
-    LD_PRELOAD=<openblas> python tests/golden.py record     # writes tests/golden/*.json and tests/golden/caches/*
+    LD_PRELOAD=<openblas> python tests/golden.py record           # writes tests/golden/*.json and tests/golden/caches/*
+    LD_PRELOAD=<openblas> python tests/golden.py record-machine   # adds this kind of machine's bits (same code)
 
 Recorded per configuration (each method id x each of its STANDARD_SETTINGS, `dict()` when it has none):
 (plus `EXTRA`, the methods with kernels and the cache features)
@@ -99,6 +100,11 @@ def tiny_tokens() -> list[int]:
 
 def saved_cache_record(name: str, mid: str, opts: dict, write: bool) -> str:
     "Save (when `write`) the tiny model's caches after the prompt; return the sha256 of one further step through the stored file."
+    return _sha(saved_cache_logits(name, mid, opts, write))
+
+
+def saved_cache_logits(name: str, mid: str, opts: dict, write: bool = False) -> mx.array:
+    "The float32 logits [vocab] of one further step of the tiny model through its stored caches (saved first when `write`)."
     from mlx_lm.models.cache import save_prompt_cache, load_prompt_cache
     KVCacheConfig, KVCacheBuilder, _, _ = _builder()
     model, toks = tiny_model(), tiny_tokens()
@@ -109,7 +115,7 @@ def saved_cache_record(name: str, mid: str, opts: dict, write: bool) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_prompt_cache(str(path), caches)
     caches = load_prompt_cache(str(path))
-    return _sha(model(mx.array([toks[TINY_TOKENS:]]), cache=caches)[0, -1])
+    return model(mx.array([toks[TINY_TOKENS:]]), cache=caches)[0, -1].astype(mx.float32)
 
 
 def record(names: list[str] | None = None) -> None:
@@ -120,14 +126,51 @@ def record(names: list[str] | None = None) -> None:
     import mlx_lm
     for name, mid, opts in configs():
         if names and name not in names: continue
-        rec = dict(method=mid, options=opts, mlx=mx.__version__, mlx_lm=mlx_lm.__version__,
+        rec = dict(method=mid, options=opts, mlx=mx.__version__, mlx_lm=mlx_lm.__version__, machine=machine(),
                    generate=generate_record(model, tokenizer, mid, opts),
                    decode=decode_record(model, tokens, mid, opts),
-                   saved_cache=saved_cache_record(name, mid, opts, write=True))
+                   saved_cache=saved_cache_record(name, mid, opts, write=True),
+                   saved_cache_logits=np.asarray(saved_cache_logits(name, mid, opts)).tolist())
         (GOLDEN / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
         print(name, rec["decode"]["sha256"][:12], rec["generate"][:8], flush=True)
 
 
+def machine() -> str:
+    "The CPU model and family, and the BLAS preloaded: float32 results are bit-identical only on the same kind of machine (`VELOXQUANT_GOLDEN_MACHINE` overrides it)."
+    import os, platform
+    if os.environ.get("VELOXQUANT_GOLDEN_MACHINE"): return os.environ["VELOXQUANT_GOLDEN_MACHINE"]
+    info = {}
+    try:
+        for line in open("/proc/cpuinfo"):
+            k, _, v = line.partition(":")
+            if k.strip() in ("model name", "cpu family", "model") and k.strip() not in info: info[k.strip()] = v.strip()
+    except OSError: pass
+    cpu = " / ".join(f"{k} {v}" for k, v in info.items()) or platform.processor() or platform.machine()
+    return f"{cpu}; LD_PRELOAD={os.path.basename(os.environ.get('LD_PRELOAD', '')) or '-'}"
+
+
+def record_machine() -> None:
+    """Add this kind of machine's bits to every recording, from the code as it is (run it only on code whose outputs
+    match the recordings bit for bit on their own kind of machine, or within tolerance here): `machines[machine()]`
+    holds the greedy tokens, the decode sha256 and the saved cache's sha256 where any of them differs from the
+    primary recording's; `saved_cache_logits` keeps the saved cache's logits for the tolerance check elsewhere."""
+    from veloxquant.models import load_model, eval_tokens
+    model, tokenizer = load_model()
+    tokens = eval_tokens(tokenizer, PROMPT_TOKENS + DECODE_STEPS)
+    fp = machine()
+    for p in sorted(GOLDEN.glob("*.json")):
+        rec = json.loads(p.read_text()); mid, opts = rec["method"], rec["options"]
+        lg = saved_cache_logits(p.stem, mid, opts)
+        mine = dict(generate=generate_record(model, tokenizer, mid, opts), decode_sha256=decode_record(model, tokens, mid, opts)["sha256"],
+                    saved_cache=_sha(lg))
+        rec.setdefault("saved_cache_logits", np.asarray(lg).tolist())
+        same = (mine["generate"] == rec["generate"], mine["decode_sha256"] == rec["decode"]["sha256"], mine["saved_cache"] == rec["saved_cache"])
+        if not all(same): rec.setdefault("machines", {})[fp] = mine
+        p.write_text(json.dumps(rec, indent=1) + "\n")
+        print(p.stem, "equal to the primary recording" if all(same) else f"recorded for {fp} (equal: generate, decode, saved cache = {same})", flush=True)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["record-machine"]: sys.exit(record_machine())
     if sys.argv[1:2] != ["record"]: sys.exit(__doc__)
     record(sys.argv[2:] or None)
