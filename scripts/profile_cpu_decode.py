@@ -20,22 +20,25 @@ def med(fn, steps):
 
 _SAVED = {}
 def _switch(variant):
-    "Switch the CPU levers: the code planes (affine `_planes`, turboquant `_cpu_planes`) and the one-pass decode softmax."
+    "Switch the CPU levers: the code planes (affine `_planes`, turboquant `_cpu_planes`), the one-pass decode softmax, the compiled step."
     import veloxquant.attention as att
+    from veloxquant.cache import VQCache
+    VQCache.cpu_step = None if variant == "compiled" else False
     from veloxquant.methods.affine import AffineCodec
     from veloxquant.methods.turboquant import TurboQuantCodec
     for cls, name in ((AffineCodec, "_planes"), (TurboQuantCodec, "_cpu_planes")):
         _SAVED.setdefault((cls, name), cls.__dict__[name])
         setattr(cls, name, _SAVED[(cls, name)] if variant != "reference" else (lambda self, blk: None))
-    att.DECODE_ONE_PASS = variant == "planes+one-pass"
+    att.DECODE_ONE_PASS = variant in ("planes+one-pass", "compiled")
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--S", type=int, default=4096); ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--methods", default="affine:key_bits=4,value_bits=4;turboquant:key_bits=3,value_bits=3")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--variants", default="reference,planes,planes+one-pass",
-                    help="comma-separated: reference (no planes, online softmax), planes, planes+one-pass (the defaults)")
+    ap.add_argument("--variants", default="reference,planes,planes+one-pass,compiled",
+                    help="comma-separated: reference (no planes, online softmax), planes, planes+one-pass, compiled "
+                         "(the defaults: the whole step through `VQCache._cpu_step`, one compiled function)")
     a = ap.parse_args()
     Hq, Hkv, D, S, dt = 9, 3, 64, a.S, mx.float32
     mx.random.seed(0)
@@ -71,7 +74,7 @@ def main():
             if hasattr(kc, "_qkey"): kc._qkey = kc._qpkey = None
             rows.append(dict(method=spec, variant=variant, piece=name, us=med(fn, a.steps)))
         rows.append(dict(method=spec, variant=variant, piece="codes in history", us=float(n)))
-    _switch("planes+one-pass")
+    _switch("compiled")
     for r in rows: print(f"{r['method'][:36]:36s} {r.get('variant', ''):16s} {r['piece']:48s} {r['us']:10.0f}")
     if a.out: json.dump(rows, open(a.out, "w"), indent=1)
 
