@@ -18,6 +18,7 @@ SHAPES = [(1, 1, 700, 256), (2, 3, 1300, 512), (2, 3, 333, 8192)]  # (B, rep, co
 def decode_pair(spec, B, Hkv, rep, D, n, bs, sinks=False, dtype=mx.float32):
     mx.random.seed(1)
     c = parse_method(spec).make_cache(); c.block_size = bs
+    c.cpu_step = False  # this path, not the CPU step of cpu_fast codecs (tests/test_fast_path.py)
     k, v = (mx.random.normal((B, Hkv, n, D)).astype(mx.float16) for _ in "kv")
     c.update_and_fetch(k, v); c.attend(mx.random.normal((B, Hkv * rep, n, D)), k, v, D ** -0.5, "causal")
     k1, v1 = (mx.random.normal((B, Hkv, 1, D)).astype(mx.float16) for _ in "kv")

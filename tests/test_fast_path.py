@@ -30,8 +30,8 @@ def _steps(spec, dtype=mx.float16, B=1, H=2, rep=2, D=64, prompt=37, steps=40, t
 @pytest.mark.parametrize("spec", SPECS)
 def test_window_buffer_is_exactly_the_concatenating_path(spec):
     "float16 decode steps written in place into the window buffer give bit-identical outputs, codes and state."
-    a, ca = _steps(spec, window_buffer=False, decoded_prefill=False)
-    b, cb = _steps(spec, window_buffer=True, decoded_prefill=False)
+    a, ca = _steps(spec, window_buffer=False, decoded_prefill=False, cpu_step=False)  # (the compiled CPU step: below)
+    b, cb = _steps(spec, window_buffer=True, decoded_prefill=False, cpu_step=False)
     assert cb._xbuf and not ca._xbuf  # the buffer was used (and only there)
     for x, y in zip(a, b): assert mx.array_equal(x, y)
     sa, sb = ca.state, cb.state
@@ -43,7 +43,7 @@ def test_window_buffer_is_exactly_the_concatenating_path(spec):
 
 
 def test_window_buffer_round_trip_and_other_dtypes():
-    "A restored cache keeps decoding through the buffer; float32 steps keep the pending path."
+    "A restored cache keeps decoding through the buffer; float32 steps keep the pending path (but for the compiled CPU step)."
     _, c = _steps("affine:window=8", steps=12)
     c2 = parse_method("affine:window=8").make_cache(); c2.state = c.state
     k = mx.random.normal((1, 2, 1, 64)).astype(mx.float16)
@@ -53,8 +53,48 @@ def test_window_buffer_round_trip_and_other_dtypes():
     o1 = base.scaled_dot_product_attention(q, k, k, cache=c, scale=0.125, mask=None)
     o2 = base.scaled_dot_product_attention(q, k, k, cache=c2, scale=0.125, mask=None)
     assert mx.array_equal(o1, o2)
-    _, c3 = _steps("affine:window=8", dtype=mx.float32, steps=5)
+    _, c3 = _steps("affine:window=8", dtype=mx.float32, steps=5, cpu_step=False)
     assert not c3._xbuf
+    _, c4 = _steps("affine:window=8", dtype=mx.float32, steps=5)
+    assert c4._xbuf and c4.pending is None  # the compiled CPU step's buffer: the step's token went in after its attention
+
+
+@pytest.mark.parametrize("spec", ["affine:key_bits=4,value_bits=4,window=8", "turboquant:key_bits=3,value_bits=3,window=8",
+                                  "affine:key_bits=2,value_bits=8,group_size=32,window=8", "turboquant:key_bits=2.5,value_bits=4,window=8",
+                                  "turboquant:key_bits=3,value_bits=3,variant=prod,window=8"])
+@pytest.mark.parametrize("dtype,B", [(mx.float32, 1), (mx.float16, 1), (mx.float32, 2)])
+def test_compiled_cpu_step_matches_the_one_pass_path(spec, dtype, B, monkeypatch):
+    "The compiled CPU decode step (`VQCache._cpu_step`) vs the one-pass reference (`cpu_step=False`): float32 rounding; same state."
+    from veloxquant import cache as vc
+    calls = []
+    monkeypatch.setattr(vc._CpuStep, "__call__", lambda self, *a, _f=vc._CpuStep.__call__: calls.append(1) or _f(self, *a))
+    a, ca = _steps(spec, dtype=dtype, B=B, H=3, rep=3, prompt=45, steps=70, trim_at=30, cpu_step=False)
+    assert not calls
+    b, cb = _steps(spec, dtype=dtype, B=B, H=3, rep=3, prompt=45, steps=70, trim_at=30)
+    assert len(calls) == 70 and cb.k_store.length > 45  # every decode step, codes appended meanwhile
+    tol = 1e-5 if dtype == mx.float32 else 2e-3
+    for x, y in zip(a, b): np.testing.assert_allclose(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)), atol=tol, rtol=tol)
+    sa, sb = ca.state, cb.state
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        if isinstance(sa[key], mx.array): assert mx.array_equal(sa[key], sb[key]), key
+        elif isinstance(sa[key], dict): assert all(mx.array_equal(sa[key][n], sb[key][n]) for n in sa[key]), key
+
+
+def test_compiled_cpu_step_only_where_it_applies(monkeypatch):
+    "Sink tokens, sink logits, no window, other methods' codecs, center=True: the step is not taken (the reference path runs)."
+    from veloxquant import cache as vc
+    calls = []
+    monkeypatch.setattr(vc._CpuStep, "__call__", lambda self, *a, _f=vc._CpuStep.__call__: calls.append(1) or _f(self, *a))
+    for spec in ("affine:window=8,sinks=2", "affine:window=0", "q4_0:window=8", "turboquant:center=true,window=8"):
+        _steps(spec, dtype=mx.float32, steps=5)
+    c = parse_method("affine:window=8").make_cache(); mx.random.seed(0)
+    k, v, q = (mx.random.normal(s) for s in ((1, 2, 40, 64), (1, 2, 40, 64), (1, 4, 40, 64)))
+    c.update_and_fetch(k, v); base.scaled_dot_product_attention(q, k, v, cache=c, scale=0.125, mask="causal")
+    k1, v1 = k[:, :, :1], v[:, :, :1]
+    c.update_and_fetch(k1, v1)
+    out = c.attend(q[:, :, :1], k1, v1, 0.125, None, sinks=mx.zeros((4,)))  # sink logits
+    assert not calls and out.shape == (1, 4, 1, 64)
 
 
 def test_decoded_prefill_matches_the_blockwise_path():
