@@ -10,13 +10,14 @@ import mlx.nn as nn
 import mlx_lm.models.cache as mlx_cache
 from mlx_lm.models.cache import _BaseCache, create_attention_mask
 from .core import KVCacheConfig, MethodConfig, check_int
-from .attention import install, blockwise_attention, dense_blocks
+from .attention import (install, blockwise_attention, dense_blocks, block_tokens, decode_plan,
+                                  compiled_decode_attention, _CpuStep, _CPU_STEPS)
 import veloxquant.gpu as gpu
 import veloxquant.tiles as tiles
 
 # %% auto #0
-__all__ = ['VQCache', 'Codec', 'TokenStore', 'block_tokens', 'state_checksum', 'seal_state', 'verify_state',
-           'register_batch_merge', 'register_cache_class', 'decode_plan', 'compiled_decode_attention', 'fast_exp']
+__all__ = ['VQCache', 'Codec', 'TokenStore', 'state_checksum', 'seal_state', 'verify_state', 'register_batch_merge',
+           'register_cache_class']
 
 # %% ../nbs/01_cache.ipynb #b0bac49e
 class Codec:
@@ -98,11 +99,6 @@ class TokenStore:
     def trim(self, n: int) -> None: self.length -= min(n, self.length)
     @property
     def nbytes(self) -> int: return sum(a.nbytes for a in self.arrays.values())
-
-# %% ../nbs/01_cache.ipynb #0198e383
-def block_tokens(n_queries: int, n_heads: int, budget: int = 1 << 22) -> int:
-    "Tokens per history block for `n_queries` queries of `n_heads` heads: `budget` scores, clamped to [256, 8192]."
-    return max(256, min(8192, budget // max(1, n_queries * n_heads)))
 
 # %% ../nbs/01_cache.ipynb #c5a1e0d2
 _CHECK = "checksum"
@@ -645,134 +641,3 @@ def register_cache_class(cls):
     return cls
 
 VQCache = register_cache_class(VQCache)
-
-# %% ../nbs/01_cache.ipynb #c0d1e2f4
-_NEG = float(mx.finfo(mx.float32).min)
-_COMPILED: dict = {}  # (codec classes, head dims, config JSON) -> _DecodeFns: traced once per configuration, shared by layers
-
-def _pow2(t: int) -> int: return 1 << max(0, t - 1).bit_length()
-
-def decode_plan(n: int, bs: int, min_tile: int = 256) -> list[tuple[int, int, int]]:
-    """Windows `(start, size, lo)` over codes [0, n) for the compiled decode: full blocks of `bs` tokens aligned at
-    multiples of `bs` (lo 0, the reference path's own blocks), then the rest in one window of a power-of-two size
-    (at least `min_tile`, at most `bs`) that *ends* at n and whose first `lo` tokens (already counted) are masked out;
-    a history shorter than that window starts with an exact power-of-two block at 0. Window sizes are `bs` or powers
-    of two, so a cache traces at most ~log2(bs) + 2 shapes, however long it grows."""
-    plan = [(s, bs, 0) for s in range(0, n - n % bs, bs)]
-    t = n % bs
-    if t:
-        P = min(bs, _pow2(max(t, min_tile)))
-        if P > n:  # the whole history is shorter than the window: [0, h) exact (h the largest power of two ≤ n), then the rest
-            h = 1 << (n.bit_length() - 1); plan.append((0, h, 0)); t = n - h; P = _pow2(t)
-        if t: plan.append((n - P, P, P - t))
-    return plan
-
-class _DecodeFns:
-    "The compiled pieces of one decode step for one codec configuration (`kc`, `vc` are captured: their arrays are constants)."
-    def __init__(self, kc, vc):
-        f32 = mx.float32
-        def prep(queries, sinks, scale, Hkv, Dv):
-            B, Hq, L, D = queries.shape
-            q = (queries.astype(f32) * scale).reshape(B, Hkv, 1, Hq // Hkv * L, D)  # the rep query heads as rows of one matrix
-            shape = (B, Hkv, 1, q.shape[3], 1)
-            if sinks is None: m, l = mx.full(shape, _NEG, f32), mx.zeros(shape, f32)
-            else: m, l = mx.broadcast_to(sinks.astype(f32).reshape(1, Hkv, 1, Hq // Hkv, 1), shape), mx.ones(shape, f32)
-            return q, m, l, mx.zeros((*shape[:-1], Dv), f32)
-        def update(s, mix, m, l, acc, valid):  # blockwise_attention's online-softmax step
-            if valid is not None: s = mx.where(valid, s, _NEG)
-            m_new = mx.maximum(m, s.max(-1, keepdims=True))
-            c, p = mx.exp(m - m_new), mx.exp(s - m_new)
-            if valid is not None: p = mx.where(valid, p, 0.0)
-            return m_new, l * c + p.sum(-1, keepdims=True), acc * c + mix(p)
-        def online(s, vb, m, l, acc, lo):
-            valid = None if lo is None else mx.arange(s.shape[-1]) >= lo
-            return update(s, lambda p: vc.mix(p, vb), m, l, acc, valid)
-        def block(q, kb, vb, m, l, acc, lo): return online(kc.scores(q, kb), vb, m, l, acc, lo)
-        def final(q, ek, ev, m, l, acc, hi, dtype):
-            k, v = mx.expand_dims(ek.astype(f32), 2), mx.expand_dims(ev.astype(f32), 2)
-            s = q @ k.swapaxes(-1, -2)
-            valid = None if hi is None else mx.arange(s.shape[-1]) < hi
-            m, l, acc = update(s, lambda p: p @ v, m, l, acc, valid)
-            out = acc / l
-            B, Hkv, _, R, Dv = out.shape
-            return out.reshape(B, Hkv * R, 1, Dv).astype(getattr(mx, dtype))
-        self.prep, self.online, self.block, self.final = (mx.compile(f) for f in (prep, online, block, final))
-
-def compiled_decode_attention(cache, queries, keys, values, scale, sinks=None):
-    """One decode step's attention (one query token, no mask over the history) of `cache` through compiled pieces:
-    each history window (`decode_plan`) is one call of a function compiled by `mx.compile` that fuses the key codec's
-    `scores`, the online-softmax update and the value codec's `mix`; the exact tokens (sinks, window, this step),
-    zero-padded to a power of two, and the final division are one more. None where it does not apply (the value codec
-    is not `compilable`, several queries); a key codec that is not `compilable` scores uncompiled, the rest is compiled."""
-    kc, vc = cache.k_codec, cache.v_codec
-    B, Hq, L, _ = queries.shape
-    Hkv = keys.shape[1]
-    if not vc.compilable or L != 1 or Hq % Hkv: return None
-    key = (type(kc), type(vc), cache.dims, cache.config.to_json())
-    fns = _COMPILED.get(key)
-    if fns is None: fns = _COMPILED[key] = _DecodeFns(kc, vc)
-    q, m, l, acc = fns.prep(queries, sinks, float(scale), Hkv, values.shape[-1])
-    bs, g = cache.block_size or block_tokens(L, Hq), cache._group()
-    if g > 1: bs = max(g, bs - bs % g)  # windows start at multiples of the token group (`decode_plan` sizes are powers of two)
-    for s, P, lo in decode_plan(cache.k_store.length, bs):
-        kb, vb = cache.k_store.slice(s, s + P), cache.v_store.slice(s, s + P)
-        lo = mx.array(lo, mx.int32) if lo else None
-        if kc.compilable: m, l, acc = fns.block(q, kb, vb, m, l, acc, lo)
-        else: m, l, acc = fns.online(kc.scores(q, kb), vb, m, l, acc, lo)
-    ks, vs = [keys], [values]
-    if cache.k_exact is not None: ks.insert(0, cache.k_exact.astype(keys.dtype)); vs.insert(0, cache.v_exact.astype(values.dtype))
-    if cache.k_sink is not None: ks.insert(0, cache.k_sink.astype(keys.dtype)); vs.insert(0, cache.v_sink.astype(values.dtype))
-    E = sum(a.shape[2] for a in ks); Ep = max(16, _pow2(E))
-    if Ep > E:
-        ks.append(mx.zeros((*keys.shape[:2], Ep - E, keys.shape[3]), keys.dtype))
-        vs.append(mx.zeros((*values.shape[:2], Ep - E, values.shape[3]), values.dtype))
-    ek, ev = (mx.concatenate(a, axis=2) if len(a) > 1 else a[0] for a in (ks, vs))
-    return fns.final(q, ek, ev, m, l, acc, mx.array(E, mx.int32) if Ep > E else None, str(queries.dtype).split(".")[-1])
-
-# %% ../nbs/01_cache.ipynb #c9u0s7e2
-_CPU_STEPS: dict = {}  # (codec classes, head dims, config JSON) -> _CpuStep: traced per shape, shared by layers
-
-_LOG2E, _LN2_HI, _LN2_LO = 1.4426950408889634, 0.693359375, -2.1219444005469057e-4
-_EXP_POLY = (1 / 5040, 1 / 720, 1 / 120, 1 / 24, 1 / 6, 1 / 2)
-
-def fast_exp(x: mx.array) -> mx.array:
-    """exp(x) of float32 `x` ≤ 0 (softmax logits less their maximum) in element-wise arithmetic that `mx.compile` fuses
-    into one kernel: x = n·ln 2 + r (|r| ≤ ln 2 / 2, ln 2 in two parts), 2ⁿ from the exponent bits, a degree-7 Taylor
-    polynomial for eʳ; 0 below −87.3 (where float32 leaves the normal range). Within ~1.5e-7 relative of the true
-    value (MLX's CPU `mx.exp`: ~2e-6), several times faster than `mx.exp` on the CPU inside a compiled function."""
-    xc = mx.maximum(x, -87.0)
-    n = mx.floor(xc * _LOG2E + 0.5)
-    r = xc - n * _LN2_HI - n * _LN2_LO
-    p = _EXP_POLY[0]
-    for c in _EXP_POLY[1:]: p = p * r + c
-    e = ((n.astype(mx.int32) + 127) << 23).view(mx.float32)
-    return mx.where(x < -87.3, 0.0, (1.0 + r + r * r * p) * e)
-
-class _CpuStep:
-    """One CPU decode step compiled (`mx.compile`, traced again only when the number of codes changes: every `window`
-    steps): the key codec's `scores` over the codes and the exact scores of the window buffer (slots ≥ `nx` masked) with
-    this step's token appended, one softmax over all (`fast_exp`; the division deferred to the [.., Dv] output), the
-    value codec's `mix` of the unnormalized weights and one matmul over the exact values. `kc`, `vc` are captured
-    (their arrays are constants: codecs of one configuration hold equal ones)."""
-    def __init__(self, kc, vc):
-        f32 = mx.float32
-        def step(queries, kb, vb, nc, xk, xv, nx, keys, values, scale):
-            B, Hq, _, D = queries.shape; Hkv, cap = xk.shape[1], xk.shape[2]
-            q = (queries.astype(f32) * scale).reshape(B, Hkv, Hq // Hkv, 1, D)
-            sc = kc.scores(q, kb); n = sc.shape[-1]
-            sc = mx.where(mx.arange(n) < nc, sc, _NEG)
-            ek = mx.concatenate([xk.astype(f32), keys.astype(f32)], axis=2)
-            ev = mx.concatenate([xv.astype(f32), values.astype(f32)], axis=2)
-            i = mx.arange(cap + 1)
-            sx = mx.where((i < nx) | (i == cap), q @ mx.expand_dims(ek, 2).swapaxes(-1, -2), _NEG)
-            s = mx.concatenate([sc, sx], axis=-1)
-            e = fast_exp(mx.contiguous(s - s.max(-1, keepdims=True)))  # (a row broadcast fused into the kernel is slow on the CPU)
-            out = (vc.mix(e[..., :n], vb) + e[..., n:] @ mx.expand_dims(ev, 2)) / e.sum(-1, keepdims=True)
-            return out.reshape(B, Hq, 1, -1).astype(queries.dtype)
-        self.kc, self.vc, self.fn = kc, vc, mx.compile(step)
-    def __call__(self, queries, kb, vb, nc, xk, xv, nx, keys, values, scale):
-        out = self.fn(queries, kb, vb, mx.array(nc, mx.int32), xk, xv, mx.array(nx, mx.int32), keys, values, scale)
-        for c in (self.kc, self.vc):  # query memos a trace may have left on the captured codecs (tracers)
-            for a in ("_qkey", "_qrot", "_qpkey", "_qp"):
-                if getattr(c, a, None) is not None: setattr(c, a, None)
-        return out
