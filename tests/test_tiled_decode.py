@@ -19,7 +19,7 @@ SHAPES = [(1, 1, 700, 256), (2, 3, 1300, 512), (2, 4, 333, 8192)]  # (B, rep, co
 def decode_pair(spec, B, Hkv, rep, D, n, bs, sinks=False, dtype=mx.float32, in_window=False):
     "(tiled, reference) decode outputs of one cache of `spec` holding `n` tokens, and whether the tiled path ran."
     mx.random.seed(1)
-    c = parse_method(spec).make_cache(); c.block_size = bs
+    c = parse_method(spec).make_cache(); c.block_size = bs; c.cpu_step = False  # the tiled path, not the CPU step of cpu_fast codecs
     k, v = (mx.random.normal((B, Hkv, n, D)).astype(mx.float16) for _ in "kv")
     c.update_and_fetch(k, v); c.attend(mx.random.normal((B, Hkv * rep, n, D)).astype(dtype), k, v, D ** -0.5, "causal")
     k1, v1 = (mx.random.normal((B, Hkv, 1, D)).astype(mx.float16 if in_window else dtype) for _ in "kv")
