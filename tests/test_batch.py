@@ -352,6 +352,16 @@ def test_batch_contract_property(spec, first, second, steps, data):
 
 
 
+def prefilled(model) -> list:
+    "Per-sequence caches of `PROMPTS` after a prefill in 16-token chunks and 3 generated tokens (the compressed model's `make_cache`)."
+    seqs = []
+    for p in PROMPTS:
+        c = model.make_cache()
+        for _ in zip(range(3), generate_step(mx.array(p), model, max_tokens=3, prompt_cache=c, prefill_step_size=16)): pass
+        seqs.append(c)
+    return seqs
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("spec", ["affine:window=0", "affine:key_bits=4,value_bits=4,window=8", "affine:window=16", "turboquant:window=8",
                                   "turboquant:window=16", "turboquant:window=0"])
@@ -365,11 +375,7 @@ def test_padded_batch_fused_decode(sharp_model, spec, dtype, monkeypatch):
     sharp_model.set_dtype(dtype)
     try:
         vq.compress(sharp_model, parse_method(spec))
-        seqs = []
-        for p in PROMPTS:
-            c = sharp_model.make_cache()
-            for _ in zip(range(3), generate_step(mx.array(p), sharp_model, max_tokens=3, prompt_cache=c, prefill_step_size=16)): pass
-            seqs.append(c)
+        seqs = prefilled(sharp_model)
         taken, real = [], VQBatchCache._attend_rows
         def spy(self, *a):
             out = real(self, *a); taken.append(out is not None); return out
@@ -404,11 +410,7 @@ def test_padded_batch_decoded_prefill(sharp_model, spec, monkeypatch):
     BatchGenerator's greedy tokens are those of the reference path."""
     try:
         vq.compress(sharp_model, parse_method(spec))
-        seqs = []
-        for p in PROMPTS:
-            c = sharp_model.make_cache()
-            for _ in zip(range(3), generate_step(mx.array(p), sharp_model, max_tokens=3, prompt_cache=c, prefill_step_size=16)): pass
-            seqs.append(c)
+        seqs = prefilled(sharp_model)
         calls, real = [], VQBatchCache._attend_decoded_rows
         def spy(self, *a):
             calls.append(1); return real(self, *a)
