@@ -428,7 +428,9 @@ def test_padded_batch_decoded_prefill(sharp_model, spec, monkeypatch):
                 mask = ref.make_mask(T)
                 fast.update_and_fetch(k, v); ref.update_and_fetch(k, v)
                 a, b = np.array(fast.attend(q, k, v, D ** -0.5, mask)), np.array(ref.attend(q, k, v, D ** -0.5, mask))
-                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"{spec} layer {layer} step {step}")
+                # on a GPU the reference's float32 matmuls run in TF32 (10-bit mantissa): measured 1.7e-3 on the H200
+                tol = 1e-4 if mx.default_device().type == mx.cpu else 4e-3
+                np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"{spec} layer {layer} step {step}")
         assert len(calls) == 2 * 4, calls  # every multi-query chunk of both layers took the decoded path
         monkeypatch.setattr(VQBatchCache, "decoded_prefill", True)
         got, _, _ = batched(sharp_model, PROMPTS, [6] * 4, prefill_step_size=16)

@@ -238,7 +238,8 @@ def _run_one(model, spec: str, prompts: list, decode_tokens: int, warmup_tokens:
 
 def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3"),
                        contexts=(8192, 32768), batches=(1,), decode_tokens: int = 64, warmup_tokens: int = 8,
-                       prefill_step_size: int = 2048, model=None, n_layers: int = 32, progress: bool = True) -> list[dict]:
+                       prefill_step_size: int = 2048, model=None, n_layers: int = 32, progress: bool = True,
+                       warm_each: bool = True) -> list[dict]:
     """End to end through stock mlx-lm: prefill and decode tokens/s, process peak memory (`mx.get_peak_memory()` over
     prefill + decode, weights included, GB) and KV bytes (`nbytes` of the caches, after generation) for stock mlx-lm's
     caches (`"stock"`) and each method spec (`parse_method` strings), side by side in one process, at every
@@ -246,7 +247,10 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
     `mlx_lm.generate.BatchGenerator` (continuous batching; veloxquant caches through `compress`, merged by
     `VQCache.merge`), B prompts of the same length. The first `warmup_tokens` decode steps are not timed (they
     include one-off kernel compilation); before any timed run each method generates once, untimed, from a prompt of
-    64 tokens (CPU) or of three prefill chunks (GPU, at most the longest context). Each record carries `decode_ratio` / `prefill_ratio` to stock at the same
+    64 tokens (CPU) or of three prefill chunks (GPU, at most the longest context); on a GPU with `warm_each` every timed run
+    follows an untimed one of the same shape (2 decode tokens), because the decode kernels compile once per chunk size
+    (`gpu.decode_split`: a power of two that grows with the length), a one-off cost of seconds that stays out of the
+    steady-state numbers (`scripts/profile_prefill.py` times first and second passes apart). Each record carries `decode_ratio` / `prefill_ratio` to stock at the same
     context and batch (when `"stock"` is among `methods`).
 
     model: None → on a GPU a random-weight Llama-3.1-8B-shaped model (fp16, `n_layers` layers, random prompts); on
@@ -271,6 +275,9 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
         _run_one(m, spec, prompt_fn(warm, batches[0]), 2, 0, prefill_step_size)
     rows = []
     for ctx, B, spec in runs:
+        # GPU: the decode kernels compile per chunk size (a power of two chosen from the length, `gpu.decode_split`),
+        # so a warm-up at another length leaves NVRTC compiles (seconds) in the timed first token: warm at this shape
+        if backend() is not None and warm_each: _run_one(m, spec, prompt_fn(ctx, B), 2, 0, prefill_step_size)
         r = _run_one(m, spec, prompt_fn(ctx, B), decode_tokens, warmup_tokens, prefill_step_size)
         r.update(model=label, backend=backend() or "cpu", mlx=mx.__version__)
         rows.append(r)
