@@ -250,7 +250,8 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
     64 tokens (CPU) or of three prefill chunks (GPU, at most the longest context); on a GPU with `warm_each` every timed run
     follows an untimed one of the same shape (2 decode tokens), because the decode kernels compile once per chunk size
     (`gpu.decode_split`: a power of two that grows with the length), a one-off cost of seconds that stays out of the
-    steady-state numbers (`scripts/profile_prefill.py` times first and second passes apart). Each record carries `decode_ratio` / `prefill_ratio` to stock at the same
+    steady-state numbers (`scripts/profile_prefill.py` times first and second passes apart); then the shared warm-up is
+    skipped; `ValueError` if `warm_each` is not a bool. Each record carries `decode_ratio` / `prefill_ratio` to stock at the same
     context and batch (when `"stock"` is among `methods`).
 
     model: None → on a GPU a random-weight Llama-3.1-8B-shaped model (fp16, `n_layers` layers, random prompts); on
@@ -264,14 +265,16 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
             raise ValueError(f"{name}={xs!r}: expected a non-empty list of integers >= {lo}")
     for name, v, lo in (("decode_tokens", decode_tokens, 2), ("warmup_tokens", warmup_tokens, 0), ("prefill_step_size", prefill_step_size, 1)):
         if type(v) is not int or v < lo: raise ValueError(f"{name}={v!r}: expected an integer >= {lo}")
+    if type(warm_each) is not bool: raise ValueError(f"warm_each={warm_each!r}: expected True or False")
     m, prompt_fn, label = _generate_model(model, n_layers)
     runs = [(c, b, s) for c in contexts for b in batches for s in specs]
     if progress:
         from tqdm.auto import tqdm; runs = tqdm(runs, desc="generate")
     # untimed: one-off costs (kernel compilation, first allocations) stay out of every timed run; on a GPU the warm-up
     # prompt spans three prefill chunks, so the chunks over codes (append, decode of the history) compile here too
+    # (not needed when every run is warmed at its own shape below)
     warm = min(max(contexts), 2 * prefill_step_size + 64) if backend() is not None else 64
-    for spec in specs:
+    for spec in (specs if backend() is None or not warm_each else ()):
         _run_one(m, spec, prompt_fn(warm, batches[0]), 2, 0, prefill_step_size)
     rows = []
     for ctx, B, spec in runs:
