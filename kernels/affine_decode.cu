@@ -97,6 +97,8 @@ __global__ void vq_affine_decode(
     const __half* vb,
     const uint8_t* nref,
     const __grid_constant__ Shape nref_shape,
+    const uint8_t* sref,
+    const __grid_constant__ Shape sref_shape,
     const int32_t* rr,
     float* out_m,
     float* out_l,
@@ -107,7 +109,6 @@ __global__ void vq_affine_decode(
   constexpr int G = 64;
   constexpr int REP = 4;
   constexpr int NW = 4;
-  constexpr int SPLIT = 512;
   constexpr int SCALE = 1035273459;
   constexpr int PR = 0;
 
@@ -116,7 +117,7 @@ const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
 
 // q: [ROWS, D] queries in the model dtype (unscaled), ROWS = B*Hkv*REP; kw/vw: [B*Hkv, CAP, D*KBITS/32 | D*VBITS/32]
 // uint32 codes (mx.quantize layout, LSB first); ks, kb, vs, vb: [B*Hkv, CAP, D/G] fp16 scales/biases;
-// nref: any array of shape [n] (n = tokens to attend; only its shape is read); template SPLIT (tokens per chunk),
+// nref: any array of shape [n] (n = tokens to attend; only its shape is read); sref: of shape [split] (tokens per chunk, a runtime value: one compile serves every length),
 // SCALE (float bits of the softmax scale).
 // Out m, l: [ROWS, NS]; acc: [ROWS, NS, D] (unnormalised), NS = ceil(n / split).
 constexpr int NG = D / G, KWPT = D * KBITS / 32, VWPT = D * VBITS / 32;
@@ -128,7 +129,7 @@ VQ_SHARED_A16 float qs[REP * D];
 VQ_SHARED float qg[REP * NG];
 VQ_SHARED float wm[NW * REP], wl[NW * REP];
 VQ_SHARED float wacc[NW * REP * D];
-const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
+const int n = nref_shape[0], cap = kw_shape[2], split = sref_shape[0];
 const float scale = vq_as_float(SCALE);
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 const int cs = PR ? rr[3 * bh] : 0, ce = PR ? rr[3 * bh + 1] : n;

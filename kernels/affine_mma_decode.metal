@@ -71,7 +71,7 @@ const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup
 
 // Tensor-core decode attention over 4-bit affine K/V (mx.quantize layout), one or two groups per head (D/G <= 2).
 // q: [ROWS, D] (model dtype, unscaled), ROWS = BH*REP (REP <= 16/NG); kw, vw: [BH, CAP, D/8] uint32; ks, kb, vs, vb:
-// [BH, CAP, D/G] fp16; nref, SPLIT, SCALE as the scalar kernel. Out m (natural-log units), l: [ROWS, NS]; acc: [ROWS, NS, D].
+// [BH, CAP, D/G] fp16; nref, sref, SCALE as the scalar kernel. Out m (natural-log units), l: [ROWS, NS]; acc: [ROWS, NS, D].
 // Per simdgroup step of 16*U tokens: S = Q K^T (m16n8k16, 8 tokens per product), online softmax on the fragments,
 // O += P V (16 tokens per product; P re-read from the score fragments). Codes enter the products raw, as the fp16
 // 1024 + c (low nibble) and 1024 + 16 c (high nibble) that one AND/OR makes of a packed word; the scales, biases,
@@ -83,7 +83,7 @@ constexpr uint MAGIC = 0x64006400u, LO = 0x000f000fu, HI = 0x00f000f0u;
 VQ_SHARED float qs[REP * D];
 VQ_SHARED float wm[NW * REP], wl[NW * REP];
 VQ_SHARED float wacc[NW * REP * D];
-const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
+const int n = nref_shape[0], cap = kw_shape[2], split = sref_shape[0];
 const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 units: exp2 below
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 const int cs = PR ? rr[3 * bh] : 0, ce = PR ? rr[3 * bh + 1] : n;

@@ -97,6 +97,8 @@ __global__ void vq_affine_mma_decode_fused(
     const __half* vb,
     const uint8_t* nref,
     const __grid_constant__ Shape nref_shape,
+    const uint8_t* sref,
+    const __grid_constant__ Shape sref_shape,
     const int32_t* rr,
     const __half* xq,
     const __half* ek,
@@ -118,7 +120,6 @@ __global__ void vq_affine_mma_decode_fused(
   constexpr int U = 2;
   constexpr int EMU = 0;
   constexpr int PF = 1;
-  constexpr int SPLIT = 256;
   constexpr int SCALE = 1035273459;
   constexpr int HS = 0;
   constexpr int ROT = 0;
@@ -130,7 +131,7 @@ const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
 
 // Tensor-core decode attention over 4-bit affine K/V (mx.quantize layout), one or two groups per head (D/G <= 2).
 // q: [ROWS, D] (model dtype, unscaled), ROWS = BH*REP (REP <= 16/NG); kw, vw: [BH, CAP, D/8] uint32; ks, kb, vs, vb:
-// [BH, CAP, D/G] fp16; nref, SPLIT, SCALE as the scalar kernel. Out m (natural-log units), l: [ROWS, NS]; acc: [ROWS, NS, D].
+// [BH, CAP, D/G] fp16; nref, sref, SCALE as the scalar kernel. Out m (natural-log units), l: [ROWS, NS]; acc: [ROWS, NS, D].
 // Per simdgroup step of 16*U tokens: S = Q K^T (m16n8k16, 8 tokens per product), online softmax on the fragments,
 // O += P V (16 tokens per product; P re-read from the score fragments). Codes enter the products raw, as the fp16
 // 1024 + c (low nibble) and 1024 + 16 c (high nibble) that one AND/OR makes of a packed word; the scales, biases,
@@ -142,7 +143,7 @@ constexpr uint MAGIC = 0x64006400u, LO = 0x000f000fu, HI = 0x00f000f0u;
 VQ_SHARED float qs[REP * D];
 VQ_SHARED float wm[NW * REP], wl[NW * REP];
 VQ_SHARED float wacc[NW * REP * D];
-const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
+const int n = nref_shape[0], cap = kw_shape[2], split = sref_shape[0];
 const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 units: exp2 below
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 const int cs = PR ? rr[3 * bh] : 0, ce = PR ? rr[3 * bh + 1] : n;

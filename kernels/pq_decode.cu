@@ -94,6 +94,8 @@ __global__ void vq_pq_decode(
     const float* vcb,
     const uint8_t* nref,
     const __grid_constant__ Shape nref_shape,
+    const uint8_t* sref,
+    const __grid_constant__ Shape sref_shape,
     float* out_m,
     float* out_l,
     float* out_acc) {
@@ -104,7 +106,6 @@ __global__ void vq_pq_decode(
   constexpr int DV = 128;
   constexpr int REP = 4;
   constexpr int NW = 4;
-  constexpr int SPLIT = 256;
   constexpr int SCALE = 0;
 
 const uint vq_lane = threadIdx.x % 32, vq_warp = threadIdx.x / 32, vq_tid = threadIdx.x;
@@ -114,14 +115,14 @@ const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
 // tab [ROWS, KSUB·NC] float32: row = bh·REP + r, entry m·NC + c = q'_m·C[c] times scale·log2(e) (computed once per step);
 // kc [B, Hkv, CAP, KSUB] uint8 key codes (KSUB a multiple of 4: read as words); vc [B, Hkv, CAP, VSUB] uint8 value codes;
 // vcb [Hkv, NC, VD] float32 value codebooks (the rotated domain: the merge undoes the rotation); tokens [0, n), n = nref_shape[0].
-// One threadgroup of NW simdgroups per (chunk of SPLIT tokens, bh). Scores: each lane one token (32 a simdgroup step),
+// One threadgroup of NW simdgroups per (chunk of split = sref_shape[0] tokens, a runtime value, bh). Scores: each lane one token (32 a simdgroup step),
 // s_r = Σ_m tab[r, m·NC + code_m]; values: lanes own DV/32 channels, the tokens' weights broadcast by shuffles, the
 // centroids read from threadgroup memory. Out as every decode kernel's partials: out_m (natural log), out_l, out_acc.
 constexpr int VPL = DV / 32, MK = KSUB * NC;
 VQ_SHARED float wm[NW * REP], wl[NW * REP], wacc[NW * REP * DV], cbs[NC * VD];
 const int chunk = vq_group_x, bh = vq_group_y;
 const int Hkv = kc_shape[1], CAP = kc_shape[2], h = bh % Hkv;
-const int n = nref_shape[0], ns = (n + SPLIT - 1) / SPLIT;
+const int n = nref_shape[0], split = sref_shape[0], ns = (n + split - 1) / split;
 for (int i = vq_tid; i < NC * VD; i += 32 * NW) cbs[i] = vcb[(long)h * NC * VD + i];
 vq_barrier();
 float m[REP], l[REP], acc[REP][VPL], p[REP];
@@ -131,7 +132,7 @@ for (int r = 0; r < REP; r++) {
   VQ_UNROLL
   for (int k = 0; k < VPL; k++) acc[r][k] = 0.0f;
 }
-const int t0 = chunk * SPLIT, t1 = min(n, t0 + SPLIT);
+const int t0 = chunk * split, t1 = min(n, t0 + split);
 for (int tb = t0 + 32 * (int)vq_warp; tb < t1; tb += 32 * NW) {
   const int t = tb + (int)vq_lane;
   const bool ok = t < t1;

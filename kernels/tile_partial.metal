@@ -71,14 +71,14 @@ const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup
 
 // Chunk partials of one decode step over one decoded tile: qt [ROWS, DK] float32, the queries in the tile's key domain,
 // already multiplied by scale·log2(e); kt [B, Hkv, T, DK], vt [B, Hkv, T, DV] (half, bh = b·Hkv + kv) the tile's keys and values; tokens
-// [lo, T) count, lo = lref_shape[0] - 1. One threadgroup of NW simdgroups per (chunk of SPLIT tokens, bh); simdgroups
+// [lo, T) count, lo = lref_shape[0] - 1. One threadgroup of NW simdgroups per (chunk of split = sref_shape[0] tokens, a runtime value, bh); simdgroups
 // take U tokens at a time in turn, lanes own DK/32 key and DV/32 value channels, each simdgroup keeps the online softmax of the
 // REP query rows of its kv head (log2 units). Out, per (row = bh·REP + r, chunk): out_m (natural log units: the
 // merge's), out_l, out_acc [ROWS, NS, DV]; a chunk without a valid token writes m = -inf, l = 0, acc = 0.
 constexpr int KPL = DK / 32, VPL = DV / 32;
 VQ_SHARED float wm[NW * REP], wl[NW * REP], wacc[NW * REP * DV];
 const int chunk = vq_group_x, bh = vq_group_y;
-const int T = kt_shape[2], lo = lref_shape[0] - 1, ns = (T + SPLIT - 1) / SPLIT;
+const int T = kt_shape[2], lo = lref_shape[0] - 1, split = sref_shape[0], ns = (T + split - 1) / split;
 float q[REP][KPL], m[REP], l[REP], acc[REP][VPL];
 VQ_UNROLL
 for (int r = 0; r < REP; r++) {
@@ -88,7 +88,7 @@ for (int r = 0; r < REP; r++) {
   VQ_UNROLL
   for (int k = 0; k < VPL; k++) acc[r][k] = 0.0f;
 }
-const int t0 = chunk * SPLIT, t1 = min(T, t0 + SPLIT), tb = max(t0, lo);
+const int t0 = chunk * split, t1 = min(T, t0 + split), tb = max(t0, lo);
 for (int t = tb + U * (int)vq_warp; t < t1; t += U * NW) {   // U tokens per simdgroup step: independent sums (ILP)
   float s[U][REP], vv[U][VPL];
   VQ_UNROLL

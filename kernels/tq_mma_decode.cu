@@ -97,6 +97,8 @@ __global__ void vq_tq_mma_decode(
     const uint32_t* vlut,
     const uint8_t* nref,
     const __grid_constant__ Shape nref_shape,
+    const uint8_t* sref,
+    const __grid_constant__ Shape sref_shape,
     const int32_t* rr,
     float* out_m,
     float* out_l,
@@ -108,7 +110,6 @@ __global__ void vq_tq_mma_decode(
   constexpr int NW = 4;
   constexpr int U = 2;
   constexpr int EMU = 0;
-  constexpr int SPLIT = 512;
   constexpr int SCALE = 1035273459;
   constexpr int PR = 0;
 
@@ -121,7 +122,7 @@ const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
 // q: [ROWS, D] rotated queries q R (any float dtype, unscaled), ROWS = BH*REP, REP <= 16; kc: [BH, CAP, ceil(D KB/32)]
 // uint32, kn: [BH, CAP, 1] fp16; vc, vn likewise; klut: [2^(2 KB)] uint32, entry x | y << KB = the fp16 pair
 // (c[x], c[y]) of the key codebook (vlut likewise): one threadgroup-memory read turns two codes into an MMA operand
-// register. nref: shape [n]. Template SPLIT, SCALE, NW, U, EMU as the affine kernel. Out m (natural log), l, acc.
+// register. nref: shape [n]; sref: shape [split] (tokens per chunk, at run time). Template SCALE, NW, U, EMU as the affine kernel. Out m (natural log), l, acc.
 #define VQ_MMA(c, a, b0, b1) do { if (EMU) vq_mma16816_emul(c, a, b0, b1, vq_lane); else vq_mma16816(c, a, b0, b1, vq_lane); } while (0)
 constexpr int KW = (D * KB + 31) / 32, VW = (D * VB + 31) / 32, KS = D / 16, NT = D / 8, DPT = D / 8, CPT = D / 4;
 constexpr int KSH = (CPT * KB) % 32 != 0, VSH = (DPT * VB) % 32 != 0;          // windows that may start mid-word
@@ -130,7 +131,7 @@ VQ_SHARED float qs[REP * D];
 VQ_SHARED uint lk[1 << (2 * KB)], lv[1 << (2 * VB)];
 VQ_SHARED float wm[NW * REP], wl[NW * REP];
 VQ_SHARED float wacc[NW * REP * D];
-const int n = nref_shape[0], cap = kc_shape[2], split = SPLIT;
+const int n = nref_shape[0], cap = kc_shape[2], split = sref_shape[0];
 const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 units: exp2 below
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 const int cs = PR ? rr[3 * bh] : 0, ce = PR ? rr[3 * bh + 1] : n;

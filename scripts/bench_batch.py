@@ -4,7 +4,7 @@ with the compressed batch cache's fused per-row decode (`VQBatchCache._attend_ro
 prompts of equal length, 64 timed decode tokens after 8 untimed; prefill in steps of `--step` tokens (2,048 runs stock
 out of memory at B = 8, 32k: its prefill scores with an array mask are not fused).
 
-  python scripts/bench_batch.py OUT.json [--contexts 8192,32768] [--batch 8] [--step 512] [--reference-contexts 32768]"""
+  python scripts/bench_batch.py OUT.json [--contexts 8192,32768] [--batch 8] [--step 512] [--reference-contexts 32768] [--warm-each 0]"""
 import argparse, json, platform
 from importlib.metadata import version
 import mlx.core as mx
@@ -14,15 +14,18 @@ from veloxquant.batch import VQBatchCache
 p = argparse.ArgumentParser()
 p.add_argument("out"); p.add_argument("--contexts", default="8192,32768"); p.add_argument("--batch", type=int, default=8)
 p.add_argument("--step", type=int, default=512); p.add_argument("--reference-contexts", default="32768")
+p.add_argument("--warm-each", type=int, default=0, help="1: an untimed run of each shape before its timed run (twice the time and, at B = 8, 32k, more memory)")
 a = p.parse_args()
 methods = (bench.STOCK, "affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3")
 ctxs = tuple(int(x) for x in a.contexts.split(","))
-rows = bench.benchmark_generate(methods, contexts=ctxs, batches=(a.batch,), prefill_step_size=a.step, progress=False)
+rows = bench.benchmark_generate(methods, contexts=ctxs, batches=(a.batch,), prefill_step_size=a.step, progress=False,
+                              warm_each=bool(a.warm_each))
 for r in rows: r["batch_decode"] = "fused per-row"
 ref = tuple(int(x) for x in a.reference_contexts.split(",") if x)
 if ref:
     VQBatchCache._attend_rows = lambda self, *args: None  # the reference path (blockwise, padding mask) for every step
-    rr = bench.benchmark_generate(methods, contexts=ref, batches=(a.batch,), prefill_step_size=a.step, progress=False)
+    rr = bench.benchmark_generate(methods, contexts=ref, batches=(a.batch,), prefill_step_size=a.step, progress=False,
+                                  warm_each=bool(a.warm_each))
     for r in rr: r["batch_decode"] = "blockwise reference"
     rows += rr
 env = dict(device=str(mx.default_device()), mlx=version("mlx"), mlx_lm=version("mlx-lm"), host=platform.node())

@@ -384,7 +384,8 @@ def decode_split(n: int, n_rows: int, target_groups: int | None = None, warps: i
     """Tokens per chunk for `n` ≥ 1 tokens and `n_rows` ≥ 1 = batch × kv heads: a power of two, at least 32·`warps`
     (one tile per simdgroup) and at most 8192, chosen so that the dispatch has about `target_groups` threadgroups
     (default `DECODE_TARGET_GROUPS`) or fewer — more only when the 8192 cap binds (very long contexts).
-    A power of two because the chunk size is a compile-time constant of the kernels: a generation compiles a handful.
+    The kernels read it at run time (the shape of `_nref(split)`), so any size works with one compile; powers of two
+    keep the chunks aligned to the tiles.
     `ValueError` for non-integer or out-of-range arguments."""
     for name, x, lo in (("n", n, 1), ("n_rows", n_rows, 1), ("target_groups", target_groups, 1), ("warps", warps, 1)):
         if x is not None and (type(x) is not int or x < lo):
@@ -601,7 +602,7 @@ def _merge_partials(m, l, acc, q2, ek, ev, sinks, scale: float, rep: int, merge_
 class DecodeStep:
     """The launches of one decode step for one cache layout, prepared once (kernel objects, templates, grids; no
     per-step checks): the chunk-partials kernel `vq_<name>` (`body`, its `inputs` ending with `nref`, template `tmpl`
-    without SPLIT/SCALE, `warps` simdgroups, chunks from `decode_split` aiming at `target` threadgroups) and then either
+    without SCALE, `warps` simdgroups, chunks from `decode_split` aiming at `target` threadgroups, passed at run time as the shape of `sref`) and then either
     the merge (`DECODE_MERGE_BODY`) or, with `fused` (and `FUSED_DECODE`), the same body with `DECODE_FINISH` appended:
     the whole step in one dispatch. `rot`: the value rotation R [D, D] when the partials are rotated (turboquant); `hs`:
     sink logits are given. Queries [B, Hq, 1, D] go in as they are (row-contiguous); exact K/V may be a window buffer with
@@ -627,22 +628,23 @@ class DecodeStep:
 
     def _launch(self, n, pr=0):
         split = decode_split(n, self.B * self.Hkv, self.target, warps=self.warps); ns = -(-n // split)
-        tmpl = self.tmpl + [("SPLIT", split), ("SCALE", _float_bits(self.scale)), ("PR", pr)]
+        tmpl = self.tmpl + [("SCALE", _float_bits(self.scale)), ("PR", pr)]
         if self.fused and not pr: tmpl += [("HS", int(self.hs)), ("ROT", int(self.rot is not None)), ("OT", self.dtype)]
         if len(self.per_n) > 256: self.per_n.clear()
-        p = self.per_n[n, pr] = (tmpl, (32 * self.warps * ns, self.B * self.Hkv, 1), [(self.rows, ns), (self.rows, ns), (self.rows, ns, self.D)])
+        p = self.per_n[n, pr] = (tmpl, (32 * self.warps * ns, self.B * self.Hkv, 1), [(self.rows, ns), (self.rows, ns), (self.rows, ns, self.D)],
+                                 _nref(split))  # the chunk size goes in as a shape: one compile serves every length
         return p
 
     def __call__(self, inputs, n, queries, ek, ev, sinks=None, n_exact=None, rows=None):
         pr = int(rows is not None)
-        tmpl, grid, shapes = self.per_n.get((n, pr)) or self._launch(n, pr)
+        tmpl, grid, shapes, sref = self.per_n.get((n, pr)) or self._launch(n, pr)
         if self.fused and not pr:
-            return self.fkern(inputs=inputs + [_nref(n)] + [_no_rows()] * self.takes_rows + _finish_inputs(queries, ek, ev, n_exact, sinks, self.rott, self.cnt),
+            return self.fkern(inputs=inputs + [_nref(n), sref] + [_no_rows()] * self.takes_rows + _finish_inputs(queries, ek, ev, n_exact, sinks, self.rott, self.cnt),
                               template=tmpl, grid=grid, threadgroup=self.tg, output_shapes=shapes + [self.oshape],
                               output_dtypes=[mx.float32, mx.float32, mx.float32, self.dtype])[3]
         if rows is not None and not self.takes_rows: raise ValueError(f"decode kernel vq_{self.kern.name} takes no per-row ranges")
         rr = [_no_rows() if rows is None else rows] if self.takes_rows else []
-        m, l, acc = self.kern(inputs=inputs + [_nref(n)] + rr, template=tmpl, grid=grid,
+        m, l, acc = self.kern(inputs=inputs + [_nref(n), sref] + rr, template=tmpl, grid=grid,
                               threadgroup=self.tg, output_shapes=shapes, output_dtypes=[mx.float32, mx.float32, mx.float32])
         return _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, MERGE_WARPS, self.dtype, n_exact,
                                rot=self.rot, out_shape=self.oshape, ranges=rows)

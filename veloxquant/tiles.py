@@ -17,14 +17,14 @@ __all__ = ['TILE_PARTIAL_BODY', 'TILE_PARTIAL_INPUTS', 'TILE_PARTIAL_CU_TYPES', 
 TILE_PARTIAL_BODY = r"""
 // Chunk partials of one decode step over one decoded tile: qt [ROWS, DK] float32, the queries in the tile's key domain,
 // already multiplied by scale·log2(e); kt [B, Hkv, T, DK], vt [B, Hkv, T, DV] (half, bh = b·Hkv + kv) the tile's keys and values; tokens
-// [lo, T) count, lo = lref_shape[0] - 1. One threadgroup of NW simdgroups per (chunk of SPLIT tokens, bh); simdgroups
+// [lo, T) count, lo = lref_shape[0] - 1. One threadgroup of NW simdgroups per (chunk of split = sref_shape[0] tokens, a runtime value, bh); simdgroups
 // take U tokens at a time in turn, lanes own DK/32 key and DV/32 value channels, each simdgroup keeps the online softmax of the
 // REP query rows of its kv head (log2 units). Out, per (row = bh·REP + r, chunk): out_m (natural log units: the
 // merge's), out_l, out_acc [ROWS, NS, DV]; a chunk without a valid token writes m = -inf, l = 0, acc = 0.
 constexpr int KPL = DK / 32, VPL = DV / 32;
 VQ_SHARED float wm[NW * REP], wl[NW * REP], wacc[NW * REP * DV];
 const int chunk = vq_group_x, bh = vq_group_y;
-const int T = kt_shape[2], lo = lref_shape[0] - 1, ns = (T + SPLIT - 1) / SPLIT;
+const int T = kt_shape[2], lo = lref_shape[0] - 1, split = sref_shape[0], ns = (T + split - 1) / split;
 float q[REP][KPL], m[REP], l[REP], acc[REP][VPL];
 VQ_UNROLL
 for (int r = 0; r < REP; r++) {
@@ -34,7 +34,7 @@ for (int r = 0; r < REP; r++) {
   VQ_UNROLL
   for (int k = 0; k < VPL; k++) acc[r][k] = 0.0f;
 }
-const int t0 = chunk * SPLIT, t1 = min(T, t0 + SPLIT), tb = max(t0, lo);
+const int t0 = chunk * split, t1 = min(T, t0 + split), tb = max(t0, lo);
 for (int t = tb + U * (int)vq_warp; t < t1; t += U * NW) {   // U tokens per simdgroup step: independent sums (ILP)
   float s[U][REP], vv[U][VPL];
   VQ_UNROLL
@@ -100,8 +100,8 @@ for (int i = vq_tid; i < REP * DV; i += 32 * NW) {
   if (i % DV == 0) { out_m[row * ns + chunk] = M * 0.6931471805599453f; out_l[row * ns + chunk] = L; }
 }
 """
-TILE_PARTIAL_INPUTS = ["qt", "kt", "vt", "lref"]
-TILE_PARTIAL_CU_TYPES = dict(inputs=[("qt", "float32"), ("kt", "float16"), ("vt", "float16"), ("lref", "uint8")],
+TILE_PARTIAL_INPUTS = ["qt", "kt", "vt", "lref", "sref"]
+TILE_PARTIAL_CU_TYPES = dict(inputs=[("qt", "float32"), ("kt", "float16"), ("vt", "float16"), ("lref", "uint8"), ("sref", "uint8")],
                              outputs=[("out_m", "float32"), ("out_l", "float32"), ("out_acc", "float32")])
 TILE_WARPS = 4           # simdgroups per threadgroup of the tile kernel
 TILE_TOKENS = 4          # tokens a simdgroup takes per step (template U)
@@ -109,9 +109,9 @@ TILE_TARGET_GROUPS = 1056  # threadgroups per tile dispatch `gpu.decode_split` a
 COMPILE_TILES = True     # `mx.compile` the query map and the tile decoders of `compilable` codecs
 TILE_BYTES = 64 << 20    # a window's decoded key + value tile may take this many bytes (float16) ...
 TILE_MIN_TOKENS, TILE_MAX_TOKENS = 8192, 16384  # ... within these many tokens (fewer windows: fewer launches)
-gpu.register_kernel("tile_partial", TILE_PARTIAL_BODY, TILE_PARTIAL_CU_TYPES, dict(DK=128, DV=128, REP=4, NW=4, U=4, SPLIT=256),
-                    [dict(DK=256, DV=128, REP=4, NW=4, U=4, SPLIT=1024), dict(DK=64, DV=64, REP=3, NW=2, U=2, SPLIT=64),
-                     dict(DK=128, DV=128, REP=8, NW=4, U=1, SPLIT=8192)])
+gpu.register_kernel("tile_partial", TILE_PARTIAL_BODY, TILE_PARTIAL_CU_TYPES, dict(DK=128, DV=128, REP=4, NW=4, U=4),
+                    [dict(DK=256, DV=128, REP=4, NW=4, U=4), dict(DK=64, DV=64, REP=3, NW=2, U=2),
+                     dict(DK=128, DV=128, REP=8, NW=4, U=1)])
 
 # %% ../nbs/03e_tiles.ipynb #980a8775
 _LOG2E, _NEG = 1.4426950408889634, float(mx.finfo(mx.float32).min)
@@ -134,7 +134,7 @@ def tile_partials(qt: mx.array, kt: mx.array, vt: mx.array, lo: int, rep: int):
     split = gpu.decode_split(T, BH, TILE_TARGET_GROUPS, warps=TILE_WARPS); ns = -(-T // split)
     kern = gpu._kernel("vq_tile_partial", TILE_PARTIAL_BODY, tuple(TILE_PARTIAL_INPUTS), tuple(gpu.DECODE_PARTIAL_OUTPUTS), gpu.backend())
     rows = BH * rep
-    return kern(inputs=[qt, kt, vt, _lref(lo)], template=[("DK", DK), ("DV", DV), ("REP", rep), ("NW", TILE_WARPS), ("U", TILE_TOKENS), ("SPLIT", split)],
+    return kern(inputs=[qt, kt, vt, _lref(lo), gpu._nref(split)], template=[("DK", DK), ("DV", DV), ("REP", rep), ("NW", TILE_WARPS), ("U", TILE_TOKENS)],
                 grid=(32 * TILE_WARPS * ns, BH, 1), threadgroup=(32 * TILE_WARPS, 1, 1),
                 output_shapes=[(rows, ns), (rows, ns), (rows, ns, DV)], output_dtypes=[mx.float32] * 3)
 

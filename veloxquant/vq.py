@@ -95,14 +95,14 @@ PQ_DECODE_BODY = r"""
 // tab [ROWS, KSUB·NC] float32: row = bh·REP + r, entry m·NC + c = q'_m·C[c] times scale·log2(e) (computed once per step);
 // kc [B, Hkv, CAP, KSUB] uint8 key codes (KSUB a multiple of 4: read as words); vc [B, Hkv, CAP, VSUB] uint8 value codes;
 // vcb [Hkv, NC, VD] float32 value codebooks (the rotated domain: the merge undoes the rotation); tokens [0, n), n = nref_shape[0].
-// One threadgroup of NW simdgroups per (chunk of SPLIT tokens, bh). Scores: each lane one token (32 a simdgroup step),
+// One threadgroup of NW simdgroups per (chunk of split = sref_shape[0] tokens, a runtime value, bh). Scores: each lane one token (32 a simdgroup step),
 // s_r = Σ_m tab[r, m·NC + code_m]; values: lanes own DV/32 channels, the tokens' weights broadcast by shuffles, the
 // centroids read from threadgroup memory. Out as every decode kernel's partials: out_m (natural log), out_l, out_acc.
 constexpr int VPL = DV / 32, MK = KSUB * NC;
 VQ_SHARED float wm[NW * REP], wl[NW * REP], wacc[NW * REP * DV], cbs[NC * VD];
 const int chunk = vq_group_x, bh = vq_group_y;
 const int Hkv = kc_shape[1], CAP = kc_shape[2], h = bh % Hkv;
-const int n = nref_shape[0], ns = (n + SPLIT - 1) / SPLIT;
+const int n = nref_shape[0], split = sref_shape[0], ns = (n + split - 1) / split;
 for (int i = vq_tid; i < NC * VD; i += 32 * NW) cbs[i] = vcb[(long)h * NC * VD + i];
 vq_barrier();
 float m[REP], l[REP], acc[REP][VPL], p[REP];
@@ -112,7 +112,7 @@ for (int r = 0; r < REP; r++) {
   VQ_UNROLL
   for (int k = 0; k < VPL; k++) acc[r][k] = 0.0f;
 }
-const int t0 = chunk * SPLIT, t1 = min(n, t0 + SPLIT);
+const int t0 = chunk * split, t1 = min(n, t0 + split);
 for (int tb = t0 + 32 * (int)vq_warp; tb < t1; tb += 32 * NW) {
   const int t = tb + (int)vq_lane;
   const bool ok = t < t1;
@@ -179,8 +179,8 @@ for (int i = vq_tid; i < REP * DV; i += 32 * NW) {
   if (i % DV == 0) { out_m[row * ns + chunk] = M * 0.6931471805599453f; out_l[row * ns + chunk] = L; }
 }
 """
-PQ_DECODE_INPUTS = ["tab", "kc", "vc", "vcb", "nref"]
-PQ_DECODE_CU_TYPES = dict(inputs=[("tab", "float32"), ("kc", "uint8"), ("vc", "uint8"), ("vcb", "float32"), ("nref", "uint8")],
+PQ_DECODE_INPUTS = ["tab", "kc", "vc", "vcb", "nref", "sref"]
+PQ_DECODE_CU_TYPES = dict(inputs=[("tab", "float32"), ("kc", "uint8"), ("vc", "uint8"), ("vcb", "float32"), ("nref", "uint8"), ("sref", "uint8")],
                           outputs=[("out_m", "float32"), ("out_l", "float32"), ("out_acc", "float32")])
 
 
@@ -279,10 +279,10 @@ _LOG2E = 1.4426950408889634
 gpu.register_kernel("pq_nearest", PQ_NEAREST_BODY, PQ_NEAREST_CU_TYPES, dict(DS=8, NC=256, TPG=PQ_TPG),
                     [dict(DS=4, NC=256, TPG=128), dict(DS=16, NC=37, TPG=64), dict(DS=2, NC=256, TPG=256)])
 gpu.register_kernel("pq_decode", PQ_DECODE_BODY, PQ_DECODE_CU_TYPES,
-                    dict(KSUB=16, NC=256, VSUB=16, VD=8, DV=128, REP=4, NW=PQ_WARPS, SPLIT=256, SCALE=0),
-                    [dict(KSUB=32, NC=256, VSUB=32, VD=4, DV=128, REP=8, NW=4, SPLIT=1024, SCALE=0),
-                     dict(KSUB=8, NC=256, VSUB=64, VD=1, DV=64, REP=3, NW=2, SPLIT=64, SCALE=0),
-                     dict(KSUB=4, NC=64, VSUB=4, VD=16, DV=64, REP=1, NW=4, SPLIT=128, SCALE=0)])
+                    dict(KSUB=16, NC=256, VSUB=16, VD=8, DV=128, REP=4, NW=PQ_WARPS, SCALE=0),
+                    [dict(KSUB=32, NC=256, VSUB=32, VD=4, DV=128, REP=8, NW=4, SCALE=0),
+                     dict(KSUB=8, NC=256, VSUB=64, VD=1, DV=64, REP=3, NW=2, SCALE=0),
+                     dict(KSUB=4, NC=64, VSUB=4, VD=16, DV=64, REP=1, NW=4, SCALE=0)])
 
 def _kernels_on() -> bool:
     return gpu.backend() is not None and USE_KERNELS is not False

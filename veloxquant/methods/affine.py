@@ -120,7 +120,7 @@ METHOD = register_method("affine", AffineConfig, _make, "group affine quantizati
 AFFINE_DECODE_BODY = r"""
 // q: [ROWS, D] queries in the model dtype (unscaled), ROWS = B*Hkv*REP; kw/vw: [B*Hkv, CAP, D*KBITS/32 | D*VBITS/32]
 // uint32 codes (mx.quantize layout, LSB first); ks, kb, vs, vb: [B*Hkv, CAP, D/G] fp16 scales/biases;
-// nref: any array of shape [n] (n = tokens to attend; only its shape is read); template SPLIT (tokens per chunk),
+// nref: any array of shape [n] (n = tokens to attend; only its shape is read); sref: of shape [split] (tokens per chunk, a runtime value: one compile serves every length),
 // SCALE (float bits of the softmax scale).
 // Out m, l: [ROWS, NS]; acc: [ROWS, NS, D] (unnormalised), NS = ceil(n / split).
 constexpr int NG = D / G, KWPT = D * KBITS / 32, VWPT = D * VBITS / 32;
@@ -132,7 +132,7 @@ VQ_SHARED_A16 float qs[REP * D];
 VQ_SHARED float qg[REP * NG];
 VQ_SHARED float wm[NW * REP], wl[NW * REP];
 VQ_SHARED float wacc[NW * REP * D];
-const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
+const int n = nref_shape[0], cap = kw_shape[2], split = sref_shape[0];
 const float scale = vq_as_float(SCALE);
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 """ + DECODE_ROWS + r"""for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
@@ -275,14 +275,14 @@ for (int i = vq_tid; i < REP * D; i += 32 * NW) {
   if (i % D == 0) { out_m[row] = M; out_l[row] = L; }
 }
 """
-AFFINE_DECODE_INPUTS = ["q", "kw", "ks", "kb", "vw", "vs", "vb", "nref", "rr"]
+AFFINE_DECODE_INPUTS = ["q", "kw", "ks", "kb", "vw", "vs", "vb", "nref", "sref", "rr"]
 AFFINE_DECODE_OUTPUTS = DECODE_PARTIAL_OUTPUTS
 
 # %% ../../nbs/methods/affine.ipynb #bbf2f220
 AFFINE_MMA_DECODE_BODY = r"""
 // Tensor-core decode attention over 4-bit affine K/V (mx.quantize layout), one or two groups per head (D/G <= 2).
 // q: [ROWS, D] (model dtype, unscaled), ROWS = BH*REP (REP <= 16/NG); kw, vw: [BH, CAP, D/8] uint32; ks, kb, vs, vb:
-// [BH, CAP, D/G] fp16; nref, SPLIT, SCALE as the scalar kernel. Out m (natural-log units), l: [ROWS, NS]; acc: [ROWS, NS, D].
+// [BH, CAP, D/G] fp16; nref, sref, SCALE as the scalar kernel. Out m (natural-log units), l: [ROWS, NS]; acc: [ROWS, NS, D].
 // Per simdgroup step of 16*U tokens: S = Q K^T (m16n8k16, 8 tokens per product), online softmax on the fragments,
 // O += P V (16 tokens per product; P re-read from the score fragments). Codes enter the products raw, as the fp16
 // 1024 + c (low nibble) and 1024 + 16 c (high nibble) that one AND/OR makes of a packed word; the scales, biases,
@@ -293,7 +293,7 @@ constexpr uint MAGIC = 0x64006400u, LO = 0x000f000fu, HI = 0x00f000f0u;
 VQ_SHARED float qs[REP * D];
 VQ_SHARED float wm[NW * REP], wl[NW * REP];
 VQ_SHARED float wacc[NW * REP * D];
-const int n = nref_shape[0], cap = kw_shape[2], split = SPLIT;
+const int n = nref_shape[0], cap = kw_shape[2], split = sref_shape[0];
 const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 units: exp2 below
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 """ + DECODE_ROWS + r"""for (int i = vq_tid; i < REP * D; i += 32 * NW) {   // fp16-rounded scaled query, odd channels / 16 (they meet 16 c)
@@ -513,15 +513,15 @@ def mma_decode_supported(head_dim: int, key_bits: int, value_bits: int, group_si
 def _decode_partials(q2, k: dict, v: dict, n, split, B, Hkv, rep, D, key_bits, value_bits, group_size, warps, scale,
                      mma: bool = False, emulate: bool = False):
     ns = -(-n // split); rows = B * Hkv * rep
-    inputs = [q2, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"], _nref(n), _no_rows()]
+    inputs = [q2, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"], _nref(n), _nref(split), _no_rows()]
     if mma:
         kern = _kernel("vq_affine_mma_decode", AFFINE_MMA_DECODE_BODY, tuple(AFFINE_MMA_DECODE_INPUTS), tuple(AFFINE_DECODE_OUTPUTS), gpu.backend())
         template = [("D", D), ("G", group_size), ("REP", rep), ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)),
-                    ("PF", 1), ("SPLIT", split), ("SCALE", _float_bits(scale)), ("PR", 0)]
+                    ("PF", 1), ("SCALE", _float_bits(scale)), ("PR", 0)]
     else:
         kern = _kernel("vq_affine_decode", AFFINE_DECODE_BODY, tuple(AFFINE_DECODE_INPUTS), tuple(AFFINE_DECODE_OUTPUTS), gpu.backend())
         template = [("D", D), ("KBITS", key_bits), ("VBITS", value_bits), ("G", group_size), ("REP", rep), ("NW", warps),
-                    ("SPLIT", split), ("SCALE", _float_bits(scale)), ("PR", 0)]
+                    ("SCALE", _float_bits(scale)), ("PR", 0)]
     return kern(inputs=inputs, template=template, grid=(32 * warps * ns, B * Hkv, 1), threadgroup=(32 * warps, 1, 1),
                 output_shapes=[(rows, ns), (rows, ns), (rows, ns, D)], output_dtypes=[mx.float32, mx.float32, mx.float32])
 
@@ -668,21 +668,21 @@ def affine_fused_append(keys, values, key_bits: int, value_bits: int, group_size
 
 # %% ../../nbs/methods/affine.ipynb #52feb790
 AFFINE_DECODE_CU_TYPES = dict(inputs=[("q", "float16"), ("kw", "uint32"), ("ks", "float16"), ("kb", "float16"),
-                                      ("vw", "uint32"), ("vs", "float16"), ("vb", "float16"), ("nref", "uint8"), ("rr", "int32")],
+                                      ("vw", "uint32"), ("vs", "float16"), ("vb", "float16"), ("nref", "uint8"), ("sref", "uint8"), ("rr", "int32")],
                               outputs=[("out_m", "float32"), ("out_l", "float32"), ("out_acc", "float32")])
 AFFINE_APPEND_CU_TYPES = dict(inputs=[("xk", "float16"), ("xv", "float16")],
                               outputs=[("kw", "uint32"), ("ks", "float16"), ("kb", "float16"), ("vw", "uint32"), ("vs", "float16"), ("vb", "float16")])
 
-register_kernel("affine_decode", AFFINE_DECODE_BODY, AFFINE_DECODE_CU_TYPES, dict(D=128, KBITS=4, VBITS=4, G=64, REP=4, NW=4, SPLIT=512, SCALE=_float_bits(128 ** -0.5), PR=0),
-                [dict(D=64, KBITS=2, VBITS=4, G=32, REP=1, NW=2, SPLIT=128, SCALE=_float_bits(0.125), PR=1),
-                 dict(D=64, KBITS=4, VBITS=8, G=64, REP=3, NW=4, SPLIT=200, SCALE=_float_bits(1.0), PR=0),
-                 dict(D=128, KBITS=8, VBITS=2, G=128, REP=8, NW=8, SPLIT=8192, SCALE=_float_bits(0.1), PR=1)])
-register_kernel("affine_mma_decode", AFFINE_MMA_DECODE_BODY, AFFINE_DECODE_CU_TYPES, dict(D=128, G=64, REP=4, NW=4, U=2, EMU=0, PF=1, SPLIT=512, SCALE=_float_bits(128 ** -0.5), PR=0),
-                [dict(D=64, G=64, REP=3, NW=4, U=2, EMU=0, PF=1, SPLIT=256, SCALE=_float_bits(0.125), PR=1),
-                 dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SPLIT=200, SCALE=_float_bits(1.0), PR=0),
-                 dict(D=128, G=128, REP=16, NW=4, U=2, EMU=1, PF=0, SPLIT=8192, SCALE=_float_bits(0.1), PR=1)])
+register_kernel("affine_decode", AFFINE_DECODE_BODY, AFFINE_DECODE_CU_TYPES, dict(D=128, KBITS=4, VBITS=4, G=64, REP=4, NW=4, SCALE=_float_bits(128 ** -0.5), PR=0),
+                [dict(D=64, KBITS=2, VBITS=4, G=32, REP=1, NW=2, SCALE=_float_bits(0.125), PR=1),
+                 dict(D=64, KBITS=4, VBITS=8, G=64, REP=3, NW=4, SCALE=_float_bits(1.0), PR=0),
+                 dict(D=128, KBITS=8, VBITS=2, G=128, REP=8, NW=8, SCALE=_float_bits(0.1), PR=1)])
+register_kernel("affine_mma_decode", AFFINE_MMA_DECODE_BODY, AFFINE_DECODE_CU_TYPES, dict(D=128, G=64, REP=4, NW=4, U=2, EMU=0, PF=1, SCALE=_float_bits(128 ** -0.5), PR=0),
+                [dict(D=64, G=64, REP=3, NW=4, U=2, EMU=0, PF=1, SCALE=_float_bits(0.125), PR=1),
+                 dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SCALE=_float_bits(1.0), PR=0),
+                 dict(D=128, G=128, REP=16, NW=4, U=2, EMU=1, PF=0, SCALE=_float_bits(0.1), PR=1)])
 register_kernel("affine_mma_decode_fused", AFFINE_MMA_DECODE_BODY + gpu.DECODE_FINISH, dict(inputs=AFFINE_DECODE_CU_TYPES["inputs"] + gpu.DECODE_FINISH_CU_TYPES,
-                outputs=AFFINE_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, G=64, REP=4, NW=4, U=2, EMU=0, PF=1, SPLIT=256, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=0, OT="float16", PR=0),
-                [dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SPLIT=200, SCALE=_float_bits(1.0), HS=1, ROT=0, OT="bfloat16", PR=0)])
+                outputs=AFFINE_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, G=64, REP=4, NW=4, U=2, EMU=0, PF=1, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=0, OT="float16", PR=0),
+                [dict(D=64, G=32, REP=8, NW=2, U=1, EMU=1, PF=1, SCALE=_float_bits(1.0), HS=1, ROT=0, OT="bfloat16", PR=0)])
 register_kernel("affine_append", AFFINE_APPEND_BODY, AFFINE_APPEND_CU_TYPES, dict(D=128, KBITS=4, VBITS=4, G=64),
                 [dict(D=64, KBITS=3, VBITS=8, G=32), dict(D=96, KBITS=5, VBITS=6, G=32), dict(D=256, KBITS=2, VBITS=4, G=128)])

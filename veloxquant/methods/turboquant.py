@@ -328,7 +328,7 @@ TQ_MMA_DECODE_BODY = r"""
 // q: [ROWS, D] rotated queries q R (any float dtype, unscaled), ROWS = BH*REP, REP <= 16; kc: [BH, CAP, ceil(D KB/32)]
 // uint32, kn: [BH, CAP, 1] fp16; vc, vn likewise; klut: [2^(2 KB)] uint32, entry x | y << KB = the fp16 pair
 // (c[x], c[y]) of the key codebook (vlut likewise): one threadgroup-memory read turns two codes into an MMA operand
-// register. nref: shape [n]. Template SPLIT, SCALE, NW, U, EMU as the affine kernel. Out m (natural log), l, acc.
+// register. nref: shape [n]; sref: shape [split] (tokens per chunk, at run time). Template SCALE, NW, U, EMU as the affine kernel. Out m (natural log), l, acc.
 """ + _MMA_DEFINE + r"""constexpr int KW = (D * KB + 31) / 32, VW = (D * VB + 31) / 32, KS = D / 16, NT = D / 8, DPT = D / 8, CPT = D / 4;
 constexpr int KSH = (CPT * KB) % 32 != 0, VSH = (DPT * VB) % 32 != 0;          // windows that may start mid-word
 constexpr int KL = (CPT * KB + 31) / 32 + KSH, VL = (DPT * VB + 31) / 32 + VSH;  // words loaded per lane and token
@@ -336,7 +336,7 @@ VQ_SHARED float qs[REP * D];
 VQ_SHARED uint lk[1 << (2 * KB)], lv[1 << (2 * VB)];
 VQ_SHARED float wm[NW * REP], wl[NW * REP];
 VQ_SHARED float wacc[NW * REP * D];
-const int n = nref_shape[0], cap = kc_shape[2], split = SPLIT;
+const int n = nref_shape[0], cap = kc_shape[2], split = sref_shape[0];
 const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 units: exp2 below
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 """ + DECODE_ROWS + r"""for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
@@ -452,7 +452,7 @@ for (int r = 0; r < 2; r++) {
   }
 }
 """ + _MMA_CHUNK_TAIL
-TQ_DECODE_INPUTS = ["q", "kc", "kn", "vc", "vn", "klut", "vlut", "nref", "rr"]
+TQ_DECODE_INPUTS = ["q", "kc", "kn", "vc", "vn", "klut", "vlut", "nref", "sref", "rr"]
 
 def _int_bits(b) -> int | None:
     "Integer bit width 1–4 of a codec's (possibly float) `bits`, else None."
@@ -524,9 +524,9 @@ def _tq_step(queries, k, v, n, keys, values, scale, sinks, kc, vc, n_exact=None,
     rows, ns, f32 = B * Hq, -(-n // split), mx.float32
     qr = queries.astype(f32) @ kc.R  # [B, Hq, 1, D]: row-contiguous, read as [ROWS, D]
     kern = _kernel("vq_tq_mma_decode", TQ_MMA_DECODE_BODY, tuple(TQ_DECODE_INPUTS), tuple(DECODE_PARTIAL_OUTPUTS), gpu.backend())
-    m, l, acc = kern(inputs=[qr, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _nref(n), _no_rows()],
+    m, l, acc = kern(inputs=[qr, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _nref(n), _nref(split), _no_rows()],
                      template=[("D", D), ("KB", _int_bits(kc.groups[0][2])), ("VB", _int_bits(vc.groups[0][2])), ("REP", rep),
-                               ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)), ("SPLIT", split), ("SCALE", _float_bits(scale)), ("PR", 0)],
+                               ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)), ("SCALE", _float_bits(scale)), ("PR", 0)],
                      grid=(32 * warps * ns, B * Hkv, 1), threadgroup=(32 * warps, 1, 1),
                      output_shapes=[(rows, ns), (rows, ns), (rows, ns, D)], output_dtypes=[f32, f32, f32])
     return _merge_partials(m, l, acc, queries, keys, values, sinks, scale, rep, merge_warps, queries.dtype, n_exact,
@@ -603,17 +603,17 @@ def tq_fused_append(keys, values, R, key_boundaries, value_boundaries):
 
 # %% ../../nbs/methods/turboquant.ipynb #4c761848
 TQ_DECODE_CU_TYPES = dict(inputs=[("q", "float32"), ("kc", "uint32"), ("kn", "float16"), ("vc", "uint32"), ("vn", "float16"),
-                                  ("klut", "uint32"), ("vlut", "uint32"), ("nref", "uint8"), ("rr", "int32")],
+                                  ("klut", "uint32"), ("vlut", "uint32"), ("nref", "uint8"), ("sref", "uint8"), ("rr", "int32")],
                           outputs=[("out_m", "float32"), ("out_l", "float32"), ("out_acc", "float32")])
 TQ_APPEND_CU_TYPES = dict(inputs=[("xk", "bfloat16"), ("xv", "bfloat16"), ("R", "float32"), ("bk", "float32"), ("bv", "float32")],
                           outputs=[("kc", "uint32"), ("kn", "float16"), ("vc", "uint32"), ("vn", "float16")])
 
-register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SPLIT=512, SCALE=_float_bits(128 ** -0.5), PR=0),
-                [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, SPLIT=256, SCALE=_float_bits(0.125), PR=1),
-                 dict(D=128, KB=4, VB=1, REP=16, NW=4, U=1, EMU=1, SPLIT=200, SCALE=_float_bits(1.0), PR=0),
-                 dict(D=64, KB=1, VB=4, REP=8, NW=2, U=2, EMU=0, SPLIT=8192, SCALE=_float_bits(0.1), PR=1)])
+register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SCALE=_float_bits(128 ** -0.5), PR=0),
+                [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, SCALE=_float_bits(0.125), PR=1),
+                 dict(D=128, KB=4, VB=1, REP=16, NW=4, U=1, EMU=1, SCALE=_float_bits(1.0), PR=0),
+                 dict(D=64, KB=1, VB=4, REP=8, NW=2, U=2, EMU=0, SCALE=_float_bits(0.1), PR=1)])
 register_kernel("tq_mma_decode_fused", TQ_MMA_DECODE_BODY + gpu.DECODE_FINISH, dict(inputs=TQ_DECODE_CU_TYPES["inputs"] + gpu.DECODE_FINISH_CU_TYPES,
-                outputs=TQ_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SPLIT=256, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16", PR=0),
-                [dict(D=64, KB=2, VB=4, REP=8, NW=4, U=1, EMU=1, SPLIT=200, SCALE=_float_bits(1.0), HS=1, ROT=1, OT="bfloat16", PR=0)])
+                outputs=TQ_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16", PR=0),
+                [dict(D=64, KB=2, VB=4, REP=8, NW=4, U=1, EMU=1, SCALE=_float_bits(1.0), HS=1, ROT=1, OT="bfloat16", PR=0)])
 register_kernel("tq_append", TQ_APPEND_BODY, TQ_APPEND_CU_TYPES, dict(D=128, KBITS=3, VBITS=3),
                 [dict(D=64, KBITS=1, VBITS=4), dict(D=96, KBITS=3, VBITS=2), dict(D=256, KBITS=4, VBITS=4)])
