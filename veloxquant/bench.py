@@ -239,7 +239,7 @@ def _run_one(model, spec: str, prompts: list, decode_tokens: int, warmup_tokens:
 def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3"),
                        contexts=(8192, 32768), batches=(1,), decode_tokens: int = 64, warmup_tokens: int = 8,
                        prefill_step_size: int = 2048, model=None, n_layers: int = 32, progress: bool = True,
-                       warm_each: bool = True) -> list[dict]:
+                       warm_each: bool = False) -> list[dict]:
     """End to end through stock mlx-lm: prefill and decode tokens/s, process peak memory (`mx.get_peak_memory()` over
     prefill + decode, weights included, GB) and KV bytes (`nbytes` of the caches, after generation) for stock mlx-lm's
     caches (`"stock"`) and each method spec (`parse_method` strings), side by side in one process, at every
@@ -247,11 +247,10 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
     `mlx_lm.generate.BatchGenerator` (continuous batching; veloxquant caches through `compress`, merged by
     `VQCache.merge`), B prompts of the same length. The first `warmup_tokens` decode steps are not timed (they
     include one-off kernel compilation); before any timed run each method generates once, untimed, from a prompt of
-    64 tokens (CPU) or of three prefill chunks (GPU, at most the longest context); on a GPU with `warm_each` every timed run
-    follows an untimed one of the same shape (2 decode tokens), because the decode kernels compile once per chunk size
-    (`gpu.decode_split`: a power of two that grows with the length), a one-off cost of seconds that stays out of the
-    steady-state numbers (`scripts/profile_prefill.py` times first and second passes apart); then the shared warm-up is
-    skipped; `ValueError` if `warm_each` is not a bool. Each record carries `decode_ratio` / `prefill_ratio` to stock at the same
+    64 tokens (CPU) or of three prefill chunks (GPU, at most the longest context); on a GPU with `warm_each` (default False) every
+    timed run follows an untimed one of the same shape (2 decode tokens) instead, and the shared warm-up is skipped:
+    needed while the decode kernels compiled once per chunk size (a power of two that grows with the length, then a
+    template constant; now a runtime input, so the shared warm-up compiles each kernel once for every length); `ValueError` if `warm_each` is not a bool. Each record carries `decode_ratio` / `prefill_ratio` to stock at the same
     context and batch (when `"stock"` is among `methods`).
 
     model: None → on a GPU a random-weight Llama-3.1-8B-shaped model (fp16, `n_layers` layers, random prompts); on
@@ -278,8 +277,8 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
         _run_one(m, spec, prompt_fn(warm, batches[0]), 2, 0, prefill_step_size)
     rows = []
     for ctx, B, spec in runs:
-        # GPU: the decode kernels compile per chunk size (a power of two chosen from the length, `gpu.decode_split`),
-        # so a warm-up at another length leaves NVRTC compiles (seconds) in the timed first token: warm at this shape
+        # warm_each: an untimed run at this very shape first (first allocations at this size; before the decode kernels'
+        # chunk size became a runtime input it also held their NVRTC compile of seconds per power of two)
         if backend() is not None and warm_each: _run_one(m, spec, prompt_fn(ctx, B), 2, 0, prefill_step_size)
         r = _run_one(m, spec, prompt_fn(ctx, B), decode_tokens, warmup_tokens, prefill_step_size)
         r.update(model=label, backend=backend() or "cpu", mlx=mx.__version__)
