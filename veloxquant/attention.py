@@ -10,10 +10,10 @@ import mlx.core as mx
 import mlx_lm.models.base as mlx_base
 
 # %% auto #0
-__all__ = ['DECODE_ONE_PASS', 'STATS_ROW_CHUNK', 'Partial', 'blockwise_attention', 'dense_blocks', 'dispatch', 'install',
-           'uninstall', 'is_installed', 'attention_hook', 'probe_dispatch', 'StatsRequest', 'AttentionStats',
-           'mask_rows', 'attention_weights', 'hand_stats', 'fast_exp', 'block_tokens', 'decode_plan',
-           'compiled_decode_attention']
+__all__ = ['DECODE_ONE_PASS', 'STATS_ROW_CHUNK', 'PREFILL_SCORE_BUDGET', 'Partial', 'blockwise_attention', 'dense_blocks',
+           'dispatch', 'install', 'uninstall', 'is_installed', 'attention_hook', 'probe_dispatch', 'StatsRequest',
+           'AttentionStats', 'mask_rows', 'attention_weights', 'hand_stats', 'fast_exp', 'block_tokens',
+           'query_blocked_sdpa', 'decode_plan', 'compiled_decode_attention']
 
 # %% ../nbs/02_attention.ipynb #c990f016
 _NEG = float(mx.finfo(mx.float32).min)
@@ -334,6 +334,32 @@ class _CpuStep:
 def block_tokens(n_queries: int, n_heads: int, budget: int = 1 << 22) -> int:
     "Tokens per history block for `n_queries` queries of `n_heads` heads: `budget` scores, clamped to [256, 8192]."
     return max(256, min(8192, budget // max(1, n_queries * n_heads)))
+
+PREFILL_SCORE_BUDGET = {"gpu": 1 << 31, "cpu": 1 << 26}  # bytes of fp32 scores one SDPA call of a prefill chunk may imply
+
+def query_blocked_sdpa(queries, keys, values, scale: float, mask=None, sinks=None, budget: int | None = None):
+    """`mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)` with the
+    queries in blocks, so that no call implies more than `budget` bytes of float32 scores (4·B·Hq·block·S; default
+    `PREFILL_SCORE_BUDGET` of the back-end: on the CPU, where MLX's SDPA forms the scores and their softmax, this bounds
+    a prefill chunk's attention transient; 2,048 queries over 4,096 keys of 9 heads are 302 MB of scores per array).
+    queries [B, Hq, L, D]; keys/values [B, Hkv, S, D]; `mask` None, "causal" (the last L of S positions: a block of
+    queries [q0, q1) sees keys up to S − L + q1) or an array [..., L, S]; `sinks` [Hq] logits. Returns [B, Hq, L, D].
+    The same attention row by row (the softmax of a query does not depend on the others): equal up to the rounding of
+    other matmul shapes. `ValueError` for a string mask other than "causal" or an array mask not shaped [..., L, S]."""
+    B, Hq, L, _ = queries.shape; S = keys.shape[2]
+    if isinstance(mask, str) and mask != "causal": raise ValueError(f"mask={mask!r}: allowed string masks: ['causal']")
+    if mask is not None and not isinstance(mask, str) and (mask.shape[-1] != S or mask.shape[-2] != L):
+        raise ValueError(f"mask shape {mask.shape} does not match {L} queries over {S} keys")
+    if budget is None: budget = PREFILL_SCORE_BUDGET["gpu" if mx.default_device() == mx.gpu else "cpu"]
+    step = max(1, budget // max(1, 4 * B * Hq * S))
+    if step >= L: return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+    outs = []
+    for q0 in range(0, L, step):
+        q1 = min(L, q0 + step); hi = S - L + q1 if isinstance(mask, str) else S
+        m = mask if mask is None or isinstance(mask, str) else mask[..., q0:q1, :]
+        outs.append(mx.fast.scaled_dot_product_attention(queries[:, :, q0:q1], keys[:, :, :hi], values[:, :, :hi],
+                                                         scale=scale, mask=m, sinks=sinks))
+    return mx.concatenate(outs, axis=2)
 
 # %% ../nbs/02_attention.ipynb #c0d1e2f4
 _COMPILED: dict = {}  # (codec classes, head dims, config JSON) -> _DecodeFns: traced once per configuration, shared by layers

@@ -13,7 +13,7 @@ from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 from .core import KVCacheConfig
 from .cache import VQCache, TokenStore, block_tokens, register_cache_class, register_batch_merge, seal_state, state_checksum, verify_state
-from .attention import blockwise_attention
+from .attention import blockwise_attention, query_blocked_sdpa
 from .methods.fp16 import FP16Cache
 
 # %% auto #0
@@ -223,14 +223,8 @@ class VQBatchCache(VQCache):
             K = mx.concatenate([K[:, :, :lo], mx.where(coded, K[:, :, lo:], self.k_exact[:, :, :hi - lo].astype(dt))], axis=2)
             V = mx.concatenate([V[:, :, :lo], mx.where(coded, V[:, :, lo:], self.v_exact[:, :, :hi - lo].astype(dt))], axis=2)
         K, V = mx.concatenate([K, ek.astype(dt)], axis=2), mx.concatenate([V, ev.astype(dt)], axis=2)
-        B, Hq, L, _ = queries.shape; S = K.shape[2]
-        if mask is not None and (mask.shape[-1] != S or mask.shape[-2] != L):
-            raise ValueError(f"mask shape {mask.shape} does not match {L} queries over {S} positions")
-        step = max(1, self.prefill_score_budget // max(1, 4 * B * Hq * S))
-        outs = [mx.fast.scaled_dot_product_attention(queries[:, :, q0:q0 + step], K, V, scale=scale,
-                                                     mask=None if mask is None else mask[..., q0:q0 + step, :], sinks=sinks)
-                for q0 in range(0, L, step)]
-        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+        if isinstance(mask, str): raise ValueError(f"mask={mask!r}: the batch prefill takes make_mask's boolean array or None")
+        return query_blocked_sdpa(queries, K, V, scale, mask, sinks, self.prefill_score_budget)
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
         "Boolean mask [B, 1, N, _idx + N]: causal, and no row sees its left padding (`create_causal_mask`)."

@@ -10,7 +10,7 @@ import mlx.nn as nn
 import mlx_lm.models.cache as mlx_cache
 from mlx_lm.models.cache import _BaseCache, create_attention_mask
 from .core import KVCacheConfig, MethodConfig, check_int
-from .attention import (install, blockwise_attention, dense_blocks, block_tokens, decode_plan,
+from .attention import (install, blockwise_attention, dense_blocks, block_tokens, decode_plan, query_blocked_sdpa,
                                   compiled_decode_attention, _CpuStep, _CPU_STEPS)
 import veloxquant.gpu as gpu
 import veloxquant.tiles as tiles
@@ -380,8 +380,8 @@ class VQCache(_BaseCache):
         sk = None if self.k_sink is None else (self.k_sink.astype(ek.dtype), self.v_sink.astype(ev.dtype))
         if self.k_store.length == 0:  # nothing compressed yet (first prefill chunk): all keys are exact
             if sk: ek, ev = mx.concatenate([sk[0], ek], axis=2), mx.concatenate([sk[1], ev], axis=2)
-            out = mx.fast.scaled_dot_product_attention(queries, ek.astype(queries.dtype), ev.astype(queries.dtype),
-                                                       scale=scale, mask=mask, sinks=sinks)
+            out = query_blocked_sdpa(queries, ek.astype(queries.dtype), ev.astype(queries.dtype), scale, mask, sinks,
+                                     self.prefill_score_budget)
         else:
             n = self.k_store.length
             fused = self._fused()
@@ -437,32 +437,21 @@ class VQCache(_BaseCache):
         on = (gpu.backend() is not None or self._cpu_fast()) if self.decoded_prefill is None else bool(self.decoded_prefill)
         return on and self.k_codec.attends_by_decoding() and self.v_codec.attends_by_decoding() and type(self)._blocks is VQCache._blocks
     def _cpu_fast(self) -> bool: return gpu.backend() is None and all(getattr(c, "cpu_fast", False) for c in (self.k_codec, self.v_codec))  # codecs' CPU opt-in
-    prefill_score_budget = 1 << 31  # bytes of fp32 scores one fused-SDPA call of the decoded prefill may imply (query blocks beyond it)
+    prefill_score_budget = None  # bytes of fp32 scores one SDPA call of a prefill chunk may imply (query blocks beyond it); None: `PREFILL_SCORE_BUDGET`
 
     def _attend_decoded(self, queries, n, ek, ev, sk, scale, mask, sinks):
         """A prefill chunk's attention over the whole cache through `mx.fast.scaled_dot_product_attention`: the `n` codes
         decoded (`Codec.decode_as`, in the queries' dtype, one layer at a time: a transient the size of this layer's
         history in fp16, freed after the call), then the sinks, codes, window and chunk in position order. The same
         attention as the blockwise path over `scores`/`mix` (`attends_by_decoding`), in the fused kernel's precision.
-        Queries go in blocks when the chunk's scores would exceed `prefill_score_budget` bytes (bounding the transient)."""
+        Queries go in blocks when the chunk's scores would exceed `prefill_score_budget` bytes (`query_blocked_sdpa`:
+        bounding the transient)."""
         dt = queries.dtype
         ks = [self.k_codec.decode_as(self.k_store.slice(0, n), dt), ek.astype(dt)]
         vs = [self.v_codec.decode_as(self.v_store.slice(0, n), dt), ev.astype(dt)]
         if sk: ks.insert(0, sk[0].astype(dt)); vs.insert(0, sk[1].astype(dt))
         K, V = mx.concatenate(ks, axis=2), mx.concatenate(vs, axis=2)
-        B, Hq, L, _ = queries.shape; S = K.shape[2]
-        if isinstance(mask, str) and mask != "causal": raise ValueError(f"mask={mask!r}: allowed string masks: ['causal']")
-        if mask is not None and not isinstance(mask, str) and (mask.shape[-1] != S or mask.shape[-2] != L):
-            raise ValueError(f"mask shape {mask.shape} does not match {L} queries over {S} keys")
-        step = max(1, self.prefill_score_budget // max(1, 4 * B * Hq * S))
-        if step >= L:
-            return mx.fast.scaled_dot_product_attention(queries, K, V, scale=scale, mask=mask, sinks=sinks)
-        outs = []
-        for q0 in range(0, L, step):  # queries [q0, q1) are positions S - L + q0 ..: with "causal", keys up to S - L + q1
-            q1 = min(L, q0 + step); hi = S - L + q1 if isinstance(mask, str) else S
-            m = mask if mask is None or isinstance(mask, str) else mask[..., q0:q1, :]
-            outs.append(mx.fast.scaled_dot_product_attention(queries[:, :, q0:q1], K[:, :, :hi], V[:, :, :hi], scale=scale, mask=m, sinks=sinks))
-        return mx.concatenate(outs, axis=2)
+        return query_blocked_sdpa(queries, K, V, scale, mask, sinks, self.prefill_score_budget)
 
     def _attend_tiles(self, queries, ek, ev, scale, sinks, n_exact=None):
         """A decode step over decoded tiles of the codes (`tiles.tiled_decode`, windows of `decode_plan`) and the exact
