@@ -58,8 +58,8 @@ def markdown(rec: dict) -> str:
     return (f"{BEGIN}\n```\n{rec['table']}\n```\n\nRecorded by `python tests/demo_record.py`, which ran `{rec['command']}` on "
             f"{rec['date'][:10]}: {m['cpu']} ({m['cpu_count']} cores), {m['platform']}, Python {m['python']}, mlx {v['mlx']}, "
             f"mlx-lm {v['mlx-lm']}, numpy {v['numpy']}, veloxquant {v['veloxquant']} (commit {v.get('veloxquant_commit', '?')}); "
-            f"{rec['run_line'].split('; ', 2)[-1] if rec['run_line'] else ''}; {rec['wall_s']:.0f} s wall for the command (on a "
-            f"shared, loaded machine: the speed columns vary from run to run, the others do not). The record with every "
+            f"{rec['run_line'].split('; ', 2)[-1] if rec['run_line'] else ''}; {rec['wall_s']:.0f} s wall for the command (the "
+            f"speed columns vary from run to run on a shared machine, the others do not). The record with every "
             f"field is `nbs/demo_record.json`; `tests/test_demo_record.py` re-runs the command and compares bits/elt, KV bytes, "
             f"ratio (exact) and the held-out perplexities (to 0.2 % with the same BLAS, 1 % across BLAS libraries).\n{END}")
 
