@@ -345,14 +345,15 @@ def query_blocked_sdpa(queries, keys, values, scale: float, mask=None, sinks=Non
     queries [B, Hq, L, D]; keys/values [B, Hkv, S, D]; `mask` None, "causal" (the last L of S positions: a block of
     queries [q0, q1) sees keys up to S − L + q1) or an array [..., L, S]; `sinks` [Hq] logits. Returns [B, Hq, L, D].
     The same attention row by row (the softmax of a query does not depend on the others): equal up to the rounding of
-    other matmul shapes. `ValueError` for a string mask other than "causal" or an array mask not shaped [..., L, S]."""
+    other matmul shapes; one call (the mask passed as it is, any shape SDPA broadcasts) when the budget allows.
+    `ValueError` for a string mask other than "causal", or, when the queries go in blocks, an array mask not shaped [..., L, S]."""
     B, Hq, L, _ = queries.shape; S = keys.shape[2]
     if isinstance(mask, str) and mask != "causal": raise ValueError(f"mask={mask!r}: allowed string masks: ['causal']")
-    if mask is not None and not isinstance(mask, str) and (mask.shape[-1] != S or mask.shape[-2] != L):
-        raise ValueError(f"mask shape {mask.shape} does not match {L} queries over {S} keys")
     if budget is None: budget = PREFILL_SCORE_BUDGET["gpu" if mx.default_device() == mx.gpu else "cpu"]
     step = max(1, budget // max(1, 4 * B * Hq * S))
     if step >= L: return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+    if mask is not None and not isinstance(mask, str) and (mask.shape[-1] != S or mask.shape[-2] != L):
+        raise ValueError(f"mask shape {mask.shape} does not match {L} queries over {S} keys")
     outs = []
     for q0 in range(0, L, step):
         q1 = min(L, q0 + step); hi = S - L + q1 if isinstance(mask, str) else S
