@@ -116,6 +116,9 @@ def check_model(model) -> None:
     tokens, one decode step) runs through the model's own caches and through veloxquant's exact fp16 reference caches, reaches every layer through the
     dispatcher and matches the model's own caches (largest logit difference at most 5 % of the largest logit).
     The verdict is kept on the model (`model._vq_verdict`), so the probe runs once per model object."""
+    if model is None or isinstance(model, (str, bytes, int, float, list, tuple)) or type(model) is dict:  # nothing to probe or to keep a verdict on
+        raise ValueError(f"model={model!r:.80}: expected an mlx_lm model object (e.g. the first value of mlx_lm.load(...) "
+                         "or of veloxquant.models.load_model()), not a path, name or None")
     v = getattr(model, "_vq_verdict", None)
     if not isinstance(v, _Verdict):
         install()
