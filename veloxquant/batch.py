@@ -223,7 +223,6 @@ class VQBatchCache(VQCache):
             K = mx.concatenate([K[:, :, :lo], mx.where(coded, K[:, :, lo:], self.k_exact[:, :, :hi - lo].astype(dt))], axis=2)
             V = mx.concatenate([V[:, :, :lo], mx.where(coded, V[:, :, lo:], self.v_exact[:, :, :hi - lo].astype(dt))], axis=2)
         K, V = mx.concatenate([K, ek.astype(dt)], axis=2), mx.concatenate([V, ev.astype(dt)], axis=2)
-        if isinstance(mask, str): raise ValueError(f"mask={mask!r}: the batch prefill takes make_mask's boolean array or None")
         return query_blocked_sdpa(queries, K, V, scale, mask, sinks, self.prefill_score_budget)
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
