@@ -72,11 +72,15 @@ const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup
 // pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, ECAP, D], of which
 // the first E = eref_shape[0] tokens are read (a preallocated window buffer: ECAP >= E); sinks: [ROWS] float32 (read
 // only when HS); template SCALE as the decode kernels. ROT = 1: the chunk partials are in a rotated domain (acc = p·(v R)),
-// the exact keys/values and q are not; out = (acc_chunks · Rᵀ + acc_exact) / L with rot: [D, D] float32 (R, row-major).
-// PR = 1 (a padded batch): exact token e of kv row kv counts from rr[3 kv + 2] on (`DECODE_ROWS`); PR = 0: all of them.
-// out: [ROWS, D] in OT. One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
-constexpr int DPL = D / 32;
-VQ_SHARED float wl[NW], wacc[NW * D], wex[ROT ? NW * D : 1], ac[ROT ? D : 1];
+// the exact keys/values and q are not; out = (acc_chunks · Rᵀ + acc_exact) / L with rot: [D, D] float32 = Rᵀ, row-major
+// (`_merge_partials` passes the transpose of R). PR = 1 (a padded batch): exact token e of kv row kv counts from
+// rr[3 kv + 2] on (`DECODE_ROWS`); PR = 0: all of them. out: [ROWS, D] in OT. One threadgroup of NW simdgroups per
+// query-head row; lanes own D/32 channels. One pass (online softmax, Milakov & Gimelshein 2018): simdgroup w takes
+// blocks of CU chunks and of EU exact tokens in turn, all of a block's loads issued before the first is used (the
+// kernel is bound by memory latency, not bandwidth), with its own running maximum; the NW partial results are rescaled
+// to the common maximum at the end.
+constexpr int DPL = D / 32, CU = 4, EU = 8, RU = 32;
+VQ_SHARED float wm[NW], wl[NW], wacc[NW * D], wex[ROT ? NW * D : 1], ac[ROT ? D : 1], ax[ROT ? D : 1];
 const int row = vq_group_x, kv = row / REP, es = PR ? rr[3 * kv + 2] : 0;
 const int E = eref_shape[0], ecap = ek_shape[2], has_sinks = HS;
 const int ns = pm_shape[1];
@@ -84,54 +88,94 @@ const float scale = vq_as_float(SCALE);
 float qv[DPL], acc[DPL], acx[DPL];
 VQ_UNROLL
 for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; acx[k] = 0.0f; }
-float M = has_sinks ? sinks[row] : VQ_NEG_INF;        // pass 1: the global maximum (chunks, exact tokens, sink)
-for (int c = vq_lane; c < ns; c += 32) M = fmax(M, pm[(long)row * ns + c]);
-M = vq_simd_max(M);
-for (int e = es; e < E; e++) {
-  float s = 0.0f;
+float m = VQ_NEG_INF, L = 0.0f;
+for (int c0 = vq_warp * CU; c0 < ns; c0 += NW * CU) {  // the chunks' partials, CU at a time
+  float mc[CU], lc[CU], pc[CU][DPL];
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
-  M = fmax(M, vq_simd_sum(s));
+  for (int u = 0; u < CU; u++) {
+    const int c = min(c0 + u, ns - 1);
+    mc[u] = c0 + u < ns ? pm[(long)row * ns + c] : VQ_NEG_INF; lc[u] = pl[(long)row * ns + c];
+    VQ_UNROLL
+    for (int k = 0; k < DPL; k++) pc[u][k] = pacc[((long)row * ns + c) * D + vq_lane * DPL + k];
+  }
+  float nm = m;
+  VQ_UNROLL
+  for (int u = 0; u < CU; u++) nm = fmax(nm, mc[u]);
+  if (!(nm > VQ_NEG_INF)) continue;                    // only chunks without tokens so far
+  const float a = exp(m - nm);
+  L *= a;
+  VQ_UNROLL
+  for (int k = 0; k < DPL; k++) acc[k] *= a;
+  VQ_UNROLL
+  for (int u = 0; u < CU; u++) {
+    const float b = mc[u] > VQ_NEG_INF ? exp(mc[u] - nm) : 0.0f;   // a chunk without tokens adds nothing
+    L += lc[u] * b;
+    VQ_UNROLL
+    for (int k = 0; k < DPL; k++) acc[k] += pc[u][k] * b;
+  }
+  m = nm;
 }
-float L = 0.0f;                                       // pass 2: independent weights, split over the simdgroups
-VQ_UNROLL4
-for (int c = vq_warp; c < ns; c += NW) {
-  const float w = exp(pm[(long)row * ns + c] - M);
-  L += pl[(long)row * ns + c] * w;
+const long kb = (long)kv * ecap * D + vq_lane * DPL;
+for (int e0 = es + vq_warp * EU; e0 < E; e0 += NW * EU) {  // the exact tokens, EU at a time
+  float s[EU], vx[EU][DPL];
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) acc[k] += pacc[((long)row * ns + c) * D + vq_lane * DPL + k] * w;
+  for (int u = 0; u < EU; u++) {
+    const long o = kb + (long)min(e0 + u, E - 1) * D;
+    s[u] = 0.0f;
+    VQ_UNROLL
+    for (int k = 0; k < DPL; k++) { s[u] += qv[k] * vq_float(ek[o + k]); vx[u][k] = vq_float(ev[o + k]); }
+  }
+  float nm = m;
+  VQ_UNROLL
+  for (int u = 0; u < EU; u++) { s[u] = vq_simd_sum(s[u]); if (e0 + u < E) nm = fmax(nm, s[u]); }
+  const float a = exp(m - nm);
+  L *= a;
+  VQ_UNROLL
+  for (int k = 0; k < DPL; k++) { acc[k] *= a; acx[k] *= a; }
+  VQ_UNROLL
+  for (int u = 0; u < EU; u++) {
+    const float w = e0 + u < E ? exp(s[u] - nm) : 0.0f;
+    L += w;
+    VQ_UNROLL
+    for (int k = 0; k < DPL; k++) acx[k] += w * vx[u][k];
+  }
+  m = nm;
 }
-for (int e = es + vq_warp; e < E; e += NW) {
-  float s = 0.0f;
-  VQ_UNROLL
-  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
-  const float w = exp(vq_simd_sum(s) - M);
-  L += w;
-  VQ_UNROLL
-  for (int k = 0; k < DPL; k++) acx[k] += w * vq_float(ev[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
-}
-if (vq_lane == 0) wl[vq_warp] = L;
+if (vq_lane == 0) { wm[vq_warp] = m; wl[vq_warp] = L; }
 VQ_UNROLL
 for (int k = 0; k < DPL; k++) {
   if (ROT) { wacc[vq_warp * D + vq_lane * DPL + k] = acc[k]; wex[vq_warp * D + vq_lane * DPL + k] = acx[k]; }
   else wacc[vq_warp * D + vq_lane * DPL + k] = acc[k] + acx[k];
 }
 vq_barrier();
+float M = has_sinks ? sinks[row] : VQ_NEG_INF;         // the common maximum (simdgroups, sink)
+for (int w = 0; w < NW; w++) M = fmax(M, wm[w]);
+float f[NW];
 float Lt = has_sinks ? exp(sinks[row] - M) : 0.0f;
-for (int w = 0; w < NW; w++) Lt += wl[w];
+VQ_UNROLL
+for (int w = 0; w < NW; w++) { f[w] = wm[w] > VQ_NEG_INF ? exp(wm[w] - M) : 0.0f; Lt += wl[w] * f[w]; }
 if (ROT) {
-  for (int d = vq_tid; d < D; d += 32 * NW) { float A = 0.0f; for (int w = 0; w < NW; w++) A += wacc[w * D + d]; ac[d] = A; }
+  for (int d = vq_tid; d < D; d += 32 * NW) {
+    float A = 0.0f, X = 0.0f;
+    for (int w = 0; w < NW; w++) { A += wacc[w * D + d] * f[w]; X += wex[w * D + d] * f[w]; }
+    ac[d] = A; ax[d] = X;
+  }
   vq_barrier();
-  for (int d = vq_tid; d < D; d += 32 * NW) {     // (acc · Rᵀ)_d = sum_j acc_j R[d, j], plus the exact tokens' share
+  for (int d = vq_tid; d < D; d += 32 * NW) {          // (acc · Rᵀ)_d = sum_j acc_j (Rᵀ)[j, d]: coalesced, RU loads in flight
     float A = 0.0f;
-    for (int j = 0; j < D; j++) A += ac[j] * rot[(long)d * D + j];
-    for (int w = 0; w < NW; w++) A += wex[w * D + d];
-    out[(long)row * D + d] = vq_cast(OT, A / Lt);
+    for (int j0 = 0; j0 < D; j0 += RU) {
+      float r[RU];
+      VQ_UNROLL
+      for (int i = 0; i < RU; i++) r[i] = j0 + i < D ? rot[(long)(j0 + i) * D + d] : 0.0f;
+      VQ_UNROLL
+      for (int i = 0; i < RU; i++) A += (j0 + i < D ? ac[j0 + i] : 0.0f) * r[i];
+    }
+    out[(long)row * D + d] = vq_cast(OT, (A + ax[d]) / Lt);
   }
 } else {
   for (int d = vq_tid; d < D; d += 32 * NW) {
     float A = 0.0f;
-    for (int w = 0; w < NW; w++) A += wacc[w * D + d];
+    for (int w = 0; w < NW; w++) A += wacc[w * D + d] * f[w];
     out[(long)row * D + d] = vq_cast(OT, A / Lt);
   }
 }

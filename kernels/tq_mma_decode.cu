@@ -95,6 +95,7 @@ __global__ void vq_tq_mma_decode(
     const __half* vn,
     const uint32_t* klut,
     const uint32_t* vlut,
+    const float* qrot,
     const uint8_t* nref,
     const __grid_constant__ Shape nref_shape,
     const uint8_t* sref,
@@ -119,7 +120,8 @@ const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
 // Tensor-core decode attention over TurboQuant MSE codes (one Lloyd-Max codebook per side, KB / VB bits per
 // coordinate packed LSB-first, fp16 norm per token; Zandieh et al. 2025, arXiv 2504.19874, Alg. 1). The scores are
 // taken in the rotated domain, <q, k> = |k| <q R, c[codes]>, and the values summed there (the caller rotates back).
-// q: [ROWS, D] rotated queries q R (any float dtype, unscaled), ROWS = BH*REP, REP <= 16; kc: [BH, CAP, ceil(D KB/32)]
+// q: [ROWS, D] queries (any float dtype, unscaled, not rotated: the threadgroup rotates them with qrot = R [D, D]
+// float32, row-major), ROWS = BH*REP, REP <= 16; kc: [BH, CAP, ceil(D KB/32)]
 // uint32, kn: [BH, CAP, 1] fp16; vc, vn likewise; klut: [2^(2 KB)] uint32, entry x | y << KB = the fp16 pair
 // (c[x], c[y]) of the key codebook (vlut likewise): one threadgroup-memory read turns two codes into an MMA operand
 // register. nref: shape [n]; sref: shape [split] (tokens per chunk, at run time). Template SCALE, NW, U, EMU as the affine kernel. Out m (natural log), l, acc.
@@ -136,7 +138,25 @@ const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 u
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 const int cs = PR ? rr[3 * bh] : 0, ce = PR ? rr[3 * bh + 1] : n;
 const int t0 = cs + chunk * split, t1 = min(ce, t0 + split);
-for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
+for (int i = vq_tid; i < REP * D; i += 32 * NW) wacc[i] = vq_float(q[(long)bh * REP * D + i]);  // q, then q R below
+vq_barrier();
+for (int d = vq_tid; d < D; d += 32 * NW) {  // qs = scale (q R), one launch less per step than rotating outside: a thread
+  float a[REP];                                // per channel d, all REP rows; 32 loads of R's column in flight at a time
+  VQ_UNROLL
+  for (int r = 0; r < REP; r++) a[r] = 0.0f;
+  for (int j0 = 0; j0 < D; j0 += 32) {
+    float R[32];
+    VQ_UNROLL
+    for (int i = 0; i < 32; i++) R[i] = qrot[(long)(j0 + i) * D + d];
+    VQ_UNROLL
+    for (int i = 0; i < 32; i++) {
+      VQ_UNROLL
+      for (int r = 0; r < REP; r++) a[r] += wacc[r * D + j0 + i] * R[i];
+    }
+  }
+  VQ_UNROLL
+  for (int r = 0; r < REP; r++) qs[r * D + d] = a[r] * scale;
+}
 for (int i = vq_tid; i < (1 << (2 * KB)); i += 32 * NW) lk[i] = klut[i];
 for (int i = vq_tid; i < (1 << (2 * VB)); i += 32 * NW) lv[i] = vlut[i];
 vq_barrier();

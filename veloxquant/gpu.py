@@ -513,11 +513,15 @@ DECODE_MERGE_BODY = r"""
 // pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, ECAP, D], of which
 // the first E = eref_shape[0] tokens are read (a preallocated window buffer: ECAP >= E); sinks: [ROWS] float32 (read
 // only when HS); template SCALE as the decode kernels. ROT = 1: the chunk partials are in a rotated domain (acc = p·(v R)),
-// the exact keys/values and q are not; out = (acc_chunks · Rᵀ + acc_exact) / L with rot: [D, D] float32 (R, row-major).
-// PR = 1 (a padded batch): exact token e of kv row kv counts from rr[3 kv + 2] on (`DECODE_ROWS`); PR = 0: all of them.
-// out: [ROWS, D] in OT. One threadgroup of NW simdgroups per query-head row; lanes own D/32 channels.
-constexpr int DPL = D / 32;
-VQ_SHARED float wl[NW], wacc[NW * D], wex[ROT ? NW * D : 1], ac[ROT ? D : 1];
+// the exact keys/values and q are not; out = (acc_chunks · Rᵀ + acc_exact) / L with rot: [D, D] float32 = Rᵀ, row-major
+// (`_merge_partials` passes the transpose of R). PR = 1 (a padded batch): exact token e of kv row kv counts from
+// rr[3 kv + 2] on (`DECODE_ROWS`); PR = 0: all of them. out: [ROWS, D] in OT. One threadgroup of NW simdgroups per
+// query-head row; lanes own D/32 channels. One pass (online softmax, Milakov & Gimelshein 2018): simdgroup w takes
+// blocks of CU chunks and of EU exact tokens in turn, all of a block's loads issued before the first is used (the
+// kernel is bound by memory latency, not bandwidth), with its own running maximum; the NW partial results are rescaled
+// to the common maximum at the end.
+constexpr int DPL = D / 32, CU = 4, EU = 8, RU = 32;
+VQ_SHARED float wm[NW], wl[NW], wacc[NW * D], wex[ROT ? NW * D : 1], ac[ROT ? D : 1], ax[ROT ? D : 1];
 const int row = vq_group_x, kv = row / REP, es = PR ? rr[3 * kv + 2] : 0;
 const int E = eref_shape[0], ecap = ek_shape[2], has_sinks = HS;
 const int ns = pm_shape[1];
@@ -525,74 +529,126 @@ const float scale = vq_as_float(SCALE);
 float qv[DPL], acc[DPL], acx[DPL];
 VQ_UNROLL
 for (int k = 0; k < DPL; k++) { qv[k] = vq_float(q[(long)row * D + vq_lane * DPL + k]) * scale; acc[k] = 0.0f; acx[k] = 0.0f; }
-float M = has_sinks ? sinks[row] : VQ_NEG_INF;        // pass 1: the global maximum (chunks, exact tokens, sink)
-for (int c = vq_lane; c < ns; c += 32) M = fmax(M, pm[(long)row * ns + c]);
-M = vq_simd_max(M);
-for (int e = es; e < E; e++) {
-  float s = 0.0f;
+float m = VQ_NEG_INF, L = 0.0f;
+for (int c0 = vq_warp * CU; c0 < ns; c0 += NW * CU) {  // the chunks' partials, CU at a time
+  float mc[CU], lc[CU], pc[CU][DPL];
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
-  M = fmax(M, vq_simd_sum(s));
+  for (int u = 0; u < CU; u++) {
+    const int c = min(c0 + u, ns - 1);
+    mc[u] = c0 + u < ns ? pm[(long)row * ns + c] : VQ_NEG_INF; lc[u] = pl[(long)row * ns + c];
+    VQ_UNROLL
+    for (int k = 0; k < DPL; k++) pc[u][k] = pacc[((long)row * ns + c) * D + vq_lane * DPL + k];
+  }
+  float nm = m;
+  VQ_UNROLL
+  for (int u = 0; u < CU; u++) nm = fmax(nm, mc[u]);
+  if (!(nm > VQ_NEG_INF)) continue;                    // only chunks without tokens so far
+  const float a = exp(m - nm);
+  L *= a;
+  VQ_UNROLL
+  for (int k = 0; k < DPL; k++) acc[k] *= a;
+  VQ_UNROLL
+  for (int u = 0; u < CU; u++) {
+    const float b = mc[u] > VQ_NEG_INF ? exp(mc[u] - nm) : 0.0f;   // a chunk without tokens adds nothing
+    L += lc[u] * b;
+    VQ_UNROLL
+    for (int k = 0; k < DPL; k++) acc[k] += pc[u][k] * b;
+  }
+  m = nm;
 }
-float L = 0.0f;                                       // pass 2: independent weights, split over the simdgroups
-VQ_UNROLL4
-for (int c = vq_warp; c < ns; c += NW) {
-  const float w = exp(pm[(long)row * ns + c] - M);
-  L += pl[(long)row * ns + c] * w;
+const long kb = (long)kv * ecap * D + vq_lane * DPL;
+for (int e0 = es + vq_warp * EU; e0 < E; e0 += NW * EU) {  // the exact tokens, EU at a time
+  float s[EU], vx[EU][DPL];
   VQ_UNROLL
-  for (int k = 0; k < DPL; k++) acc[k] += pacc[((long)row * ns + c) * D + vq_lane * DPL + k] * w;
+  for (int u = 0; u < EU; u++) {
+    const long o = kb + (long)min(e0 + u, E - 1) * D;
+    s[u] = 0.0f;
+    VQ_UNROLL
+    for (int k = 0; k < DPL; k++) { s[u] += qv[k] * vq_float(ek[o + k]); vx[u][k] = vq_float(ev[o + k]); }
+  }
+  float nm = m;
+  VQ_UNROLL
+  for (int u = 0; u < EU; u++) { s[u] = vq_simd_sum(s[u]); if (e0 + u < E) nm = fmax(nm, s[u]); }
+  const float a = exp(m - nm);
+  L *= a;
+  VQ_UNROLL
+  for (int k = 0; k < DPL; k++) { acc[k] *= a; acx[k] *= a; }
+  VQ_UNROLL
+  for (int u = 0; u < EU; u++) {
+    const float w = e0 + u < E ? exp(s[u] - nm) : 0.0f;
+    L += w;
+    VQ_UNROLL
+    for (int k = 0; k < DPL; k++) acx[k] += w * vx[u][k];
+  }
+  m = nm;
 }
-for (int e = es + vq_warp; e < E; e += NW) {
-  float s = 0.0f;
-  VQ_UNROLL
-  for (int k = 0; k < DPL; k++) s += qv[k] * vq_float(ek[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
-  const float w = exp(vq_simd_sum(s) - M);
-  L += w;
-  VQ_UNROLL
-  for (int k = 0; k < DPL; k++) acx[k] += w * vq_float(ev[((long)kv * ecap + e) * D + vq_lane * DPL + k]);
-}
-if (vq_lane == 0) wl[vq_warp] = L;
+if (vq_lane == 0) { wm[vq_warp] = m; wl[vq_warp] = L; }
 VQ_UNROLL
 for (int k = 0; k < DPL; k++) {
   if (ROT) { wacc[vq_warp * D + vq_lane * DPL + k] = acc[k]; wex[vq_warp * D + vq_lane * DPL + k] = acx[k]; }
   else wacc[vq_warp * D + vq_lane * DPL + k] = acc[k] + acx[k];
 }
 vq_barrier();
+float M = has_sinks ? sinks[row] : VQ_NEG_INF;         // the common maximum (simdgroups, sink)
+for (int w = 0; w < NW; w++) M = fmax(M, wm[w]);
+float f[NW];
 float Lt = has_sinks ? exp(sinks[row] - M) : 0.0f;
-for (int w = 0; w < NW; w++) Lt += wl[w];
+VQ_UNROLL
+for (int w = 0; w < NW; w++) { f[w] = wm[w] > VQ_NEG_INF ? exp(wm[w] - M) : 0.0f; Lt += wl[w] * f[w]; }
 if (ROT) {
-  for (int d = vq_tid; d < D; d += 32 * NW) { float A = 0.0f; for (int w = 0; w < NW; w++) A += wacc[w * D + d]; ac[d] = A; }
+  for (int d = vq_tid; d < D; d += 32 * NW) {
+    float A = 0.0f, X = 0.0f;
+    for (int w = 0; w < NW; w++) { A += wacc[w * D + d] * f[w]; X += wex[w * D + d] * f[w]; }
+    ac[d] = A; ax[d] = X;
+  }
   vq_barrier();
-  for (int d = vq_tid; d < D; d += 32 * NW) {     // (acc · Rᵀ)_d = sum_j acc_j R[d, j], plus the exact tokens' share
+  for (int d = vq_tid; d < D; d += 32 * NW) {          // (acc · Rᵀ)_d = sum_j acc_j (Rᵀ)[j, d]: coalesced, RU loads in flight
     float A = 0.0f;
-    for (int j = 0; j < D; j++) A += ac[j] * rot[(long)d * D + j];
-    for (int w = 0; w < NW; w++) A += wex[w * D + d];
-    out[(long)row * D + d] = vq_cast(OT, A / Lt);
+    for (int j0 = 0; j0 < D; j0 += RU) {
+      float r[RU];
+      VQ_UNROLL
+      for (int i = 0; i < RU; i++) r[i] = j0 + i < D ? rot[(long)(j0 + i) * D + d] : 0.0f;
+      VQ_UNROLL
+      for (int i = 0; i < RU; i++) A += (j0 + i < D ? ac[j0 + i] : 0.0f) * r[i];
+    }
+    out[(long)row * D + d] = vq_cast(OT, (A + ax[d]) / Lt);
   }
 } else {
   for (int d = vq_tid; d < D; d += 32 * NW) {
     float A = 0.0f;
-    for (int w = 0; w < NW; w++) A += wacc[w * D + d];
+    for (int w = 0; w < NW; w++) A += wacc[w * D + d] * f[w];
     out[(long)row * D + d] = vq_cast(OT, A / Lt);
   }
 }
 """
 DECODE_MERGE_INPUTS = ["pm", "pl", "pacc", "q", "ek", "ev", "sinks", "eref", "rot", "rr"]
 
+_ROT_T = {}
+def _rot_t(R):
+    "Rᵀ as a float32 row-contiguous array, made (and evaluated) once per rotation array: the merge kernel reads its rows."
+    c = _ROT_T.get(id(R))
+    if c is None or c[0] is not R:
+        if len(_ROT_T) > 64: _ROT_T.clear()
+        c = _ROT_T[id(R)] = (R, mx.contiguous(R.astype(mx.float32).T)); mx.eval(c[1])
+    return c[1]
+
 def _merge_partials(m, l, acc, q2, ek, ev, sinks, scale: float, rep: int, merge_warps: int, out_dtype,
-                    n_exact: int | None = None, rot=None, out_shape=None, ranges=None):
+                    n_exact: int | None = None, rot=None, out_shape=None, ranges=None, verified: bool = False):
     """The second dispatch of a decode step (`DECODE_MERGE_BODY`): chunk partials `m`, `l` [ROWS, NS], `acc` [ROWS, NS, D]
     with the queries `q2` [ROWS, D] (or any row-contiguous array of ROWS·D elements, e.g. [B, Hq, 1, D]), the exact
     keys/values `ek`, `ev` [B, Hkv, ECAP, D] of which the first `n_exact` (default ECAP) tokens count, optional sink
     logits [Hq] and, when the partials were accumulated in a rotated domain, the float32 rotation `rot` [D, D] to
     undo (`out = acc·rotᵀ`; the exact tokens and `q2` stay unrotated); `ranges`: int32 [B·Hkv, 3] of a padded batch
-    (`DECODE_ROWS`: exact tokens count from ranges[:, 2] on). Returns [ROWS, D] (or `out_shape`) in `out_dtype`."""
+    (`DECODE_ROWS`: exact tokens count from ranges[:, 2] on). Returns [ROWS, D] (or `out_shape`) in `out_dtype`.
+    `verified`: the caller has launched this exact layout through the safety net before (`DecodeStep`): the kernel is
+    called directly, without the per-call shape-class check (host time per decode step)."""
     rows, D = l.shape[0], acc.shape[-1]
     Hq = sinks.shape[0] if sinks is not None else 0
     sk = (mx.broadcast_to(sinks.astype(mx.float32).reshape(1, Hq), (rows // Hq, Hq)).reshape(rows) if sinks is not None else _no_sinks())
     kern = _kernel("vq_decode_merge", DECODE_MERGE_BODY, tuple(DECODE_MERGE_INPUTS), ("out",), backend())
+    if verified and kern._kern is not None and kern.name not in FAILED: kern = kern._kern
     (out,) = kern(inputs=[m, l, acc, q2, ek, ev, sk, _nref(ek.shape[2] if n_exact is None else n_exact),
-                          _no_sinks() if rot is None else rot, _no_rows() if ranges is None else ranges],
+                          _no_sinks() if rot is None else _rot_t(rot), _no_rows() if ranges is None else ranges],
                   template=[("D", D), ("REP", rep), ("NW", merge_warps), ("OT", out_dtype), ("HS", int(sinks is not None)),
                             ("ROT", int(rot is not None)), ("SCALE", _float_bits(scale)), ("PR", int(ranges is not None))],
                   grid=(32 * merge_warps * rows, 1, 1), threadgroup=(32 * merge_warps, 1, 1),
@@ -624,7 +680,7 @@ class DecodeStep:
                                  tuple(DECODE_PARTIAL_OUTPUTS) + ("out",), be)
             self.cnt = mx.zeros((B * Hkv,), mx.uint32)  # the arrival counters (reset to zero by each step's last threadgroup)
         mx.eval(*[a for a in (self.rot, self.rott, getattr(self, "cnt", None)) if a is not None])
-        self.per_n = {}
+        self.per_n, self._seen = {}, set()  # _seen: the PR variants launched once through the safety net (later: direct calls)
 
     def _launch(self, n, pr=0):
         split = decode_split(n, self.B * self.Hkv, self.target, warps=self.warps); ns = -(-n // split)
@@ -644,10 +700,14 @@ class DecodeStep:
                               output_dtypes=[mx.float32, mx.float32, mx.float32, self.dtype])[3]
         if rows is not None and not self.takes_rows: raise ValueError(f"decode kernel vq_{self.kern.name} takes no per-row ranges")
         rr = [_no_rows() if rows is None else rows] if self.takes_rows else []
-        m, l, acc = self.kern(inputs=inputs + [_nref(n), sref] + rr, template=tmpl, grid=grid,
+        seen = (pr, ek.dtype, ev.dtype, sinks is None, MERGE_WARPS)  # what else could change the kernels' shape class
+        direct = seen in self._seen and self.kern._kern is not None and self.kern.name not in FAILED
+        m, l, acc = (self.kern._kern if direct else self.kern)(inputs=inputs + [_nref(n), sref] + rr, template=tmpl, grid=grid,
                               threadgroup=self.tg, output_shapes=shapes, output_dtypes=[mx.float32, mx.float32, mx.float32])
-        return _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, MERGE_WARPS, self.dtype, n_exact,
-                               rot=self.rot, out_shape=self.oshape, ranges=rows)
+        out = _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, MERGE_WARPS, self.dtype, n_exact,
+                              rot=self.rot, out_shape=self.oshape, ranges=rows, verified=direct)
+        self._seen.add(seen)
+        return out
 
 DECODE_MERGE_CU_TYPES = dict(inputs=[("pm", "float32"), ("pl", "float32"), ("pacc", "float32"), ("q", "OT"),
                                      ("ek", "OT"), ("ev", "OT"), ("sinks", "float32"), ("eref", "uint8"), ("rot", "float32"),

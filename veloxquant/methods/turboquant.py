@@ -310,7 +310,7 @@ def _make(config: KVCacheConfig):
                     ("VB", _int_bits(vc.groups[0][2])), ("REP", Hq // Hkv), ("NW", MMA_WARPS), ("U", MMA_TOKENS // 16), ("EMU", 0)], B, Hq, Hkv, D,
                     queries.dtype, scale, MMA_WARPS, MMA_TARGET_GROUPS, fused=True, rot=vc.R, hs=sinks is not None) if ok else False
             if p is False: return None  # more than 16 query heads per kv head: the reference path
-            return p([queries.astype(mx.float32) @ kc.R, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc)],
+            return p([queries, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _f32(kc.R)],
                      n, queries, ek, ev, sinks, n_exact, rows=rows)
         run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
         run.takes_rows = True    # a padded batch: per-row coded and exact ranges (`gpu.DecodeStep`, `rows`)
@@ -325,7 +325,8 @@ TQ_MMA_DECODE_BODY = r"""
 // Tensor-core decode attention over TurboQuant MSE codes (one Lloyd-Max codebook per side, KB / VB bits per
 // coordinate packed LSB-first, fp16 norm per token; Zandieh et al. 2025, arXiv 2504.19874, Alg. 1). The scores are
 // taken in the rotated domain, <q, k> = |k| <q R, c[codes]>, and the values summed there (the caller rotates back).
-// q: [ROWS, D] rotated queries q R (any float dtype, unscaled), ROWS = BH*REP, REP <= 16; kc: [BH, CAP, ceil(D KB/32)]
+// q: [ROWS, D] queries (any float dtype, unscaled, not rotated: the threadgroup rotates them with qrot = R [D, D]
+// float32, row-major), ROWS = BH*REP, REP <= 16; kc: [BH, CAP, ceil(D KB/32)]
 // uint32, kn: [BH, CAP, 1] fp16; vc, vn likewise; klut: [2^(2 KB)] uint32, entry x | y << KB = the fp16 pair
 // (c[x], c[y]) of the key codebook (vlut likewise): one threadgroup-memory read turns two codes into an MMA operand
 // register. nref: shape [n]; sref: shape [split] (tokens per chunk, at run time). Template SCALE, NW, U, EMU as the affine kernel. Out m (natural log), l, acc.
@@ -339,7 +340,25 @@ VQ_SHARED float wacc[NW * REP * D];
 const int n = nref_shape[0], cap = kc_shape[2], split = sref_shape[0];
 const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 units: exp2 below
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
-""" + DECODE_ROWS + r"""for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = vq_float(q[(long)bh * REP * D + i]) * scale;
+""" + DECODE_ROWS + r"""for (int i = vq_tid; i < REP * D; i += 32 * NW) wacc[i] = vq_float(q[(long)bh * REP * D + i]);  // q, then q R below
+vq_barrier();
+for (int d = vq_tid; d < D; d += 32 * NW) {  // qs = scale (q R), one launch less per step than rotating outside: a thread
+  float a[REP];                                // per channel d, all REP rows; 32 loads of R's column in flight at a time
+  VQ_UNROLL
+  for (int r = 0; r < REP; r++) a[r] = 0.0f;
+  for (int j0 = 0; j0 < D; j0 += 32) {
+    float R[32];
+    VQ_UNROLL
+    for (int i = 0; i < 32; i++) R[i] = qrot[(long)(j0 + i) * D + d];
+    VQ_UNROLL
+    for (int i = 0; i < 32; i++) {
+      VQ_UNROLL
+      for (int r = 0; r < REP; r++) a[r] += wacc[r * D + j0 + i] * R[i];
+    }
+  }
+  VQ_UNROLL
+  for (int r = 0; r < REP; r++) qs[r * D + d] = a[r] * scale;
+}
 for (int i = vq_tid; i < (1 << (2 * KB)); i += 32 * NW) lk[i] = klut[i];
 for (int i = vq_tid; i < (1 << (2 * VB)); i += 32 * NW) lv[i] = vlut[i];
 vq_barrier();
@@ -452,7 +471,7 @@ for (int r = 0; r < 2; r++) {
   }
 }
 """ + _MMA_CHUNK_TAIL
-TQ_DECODE_INPUTS = ["q", "kc", "kn", "vc", "vn", "klut", "vlut", "nref", "sref", "rr"]
+TQ_DECODE_INPUTS = ["q", "kc", "kn", "vc", "vn", "klut", "vlut", "qrot", "nref", "sref", "rr"]
 
 def _int_bits(b) -> int | None:
     "Integer bit width 1–4 of a codec's (possibly float) `bits`, else None."
@@ -496,8 +515,8 @@ def tq_fused_decode(queries, k: dict, v: dict, n: int, keys, values, scale: floa
     `sinks` [Hq] logits; `key_codec`/`value_codec` give the rotations `R` and the codebooks. Returns [B, Hq, 1, D] in the
     queries' dtype; `ValueError` for unsupported layouts (`tq_decode_supported`, one codebook per side, no centered keys).
     `emulate` runs the software MMA product. The chunk partials are summed in the rotated domain; the merge kernel
-    scores the exact tokens with the unrotated query and undoes the value rotation itself (`rot`), so a step is the
-    query rotation and two launches. `checked`: the caller (the cache's step) has already validated this layout."""
+    scores the exact tokens with the unrotated query and undoes the value rotation itself (`rot`); the decode kernel rotates
+    the query itself (`qrot`), so a step is two launches. `checked`: the caller (the cache's step) has already validated this layout."""
     if checked: return _tq_step(queries, k, v, n, keys, values, scale, sinks, key_codec, value_codec, n_exact)
     _check_step(queries, keys, values, n, k, "c0")
     if n_exact is not None and not (type(n_exact) is int and 0 <= n_exact <= keys.shape[2]):
@@ -522,9 +541,8 @@ def _tq_step(queries, k, v, n, keys, values, scale, sinks, kc, vc, n_exact=None,
     warps, merge_warps = warps or MMA_WARPS, merge_warps or MERGE_WARPS
     split = split or decode_split(n, B * Hkv, MMA_TARGET_GROUPS, warps=warps)
     rows, ns, f32 = B * Hq, -(-n // split), mx.float32
-    qr = queries.astype(f32) @ kc.R  # [B, Hq, 1, D]: row-contiguous, read as [ROWS, D]
     kern = _kernel("vq_tq_mma_decode", TQ_MMA_DECODE_BODY, tuple(TQ_DECODE_INPUTS), tuple(DECODE_PARTIAL_OUTPUTS), gpu.backend())
-    m, l, acc = kern(inputs=[qr, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _nref(n), _nref(split), _no_rows()],
+    m, l, acc = kern(inputs=[queries, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _f32(kc.R), _nref(n), _nref(split), _no_rows()],
                      template=[("D", D), ("KB", _int_bits(kc.groups[0][2])), ("VB", _int_bits(vc.groups[0][2])), ("REP", rep),
                                ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)), ("SCALE", _float_bits(scale)), ("PR", 0)],
                      grid=(32 * warps * ns, B * Hkv, 1), threadgroup=(32 * warps, 1, 1),
@@ -603,7 +621,7 @@ def tq_fused_append(keys, values, R, key_boundaries, value_boundaries):
 
 # %% ../../nbs/methods/turboquant.ipynb #4c761848
 TQ_DECODE_CU_TYPES = dict(inputs=[("q", "float32"), ("kc", "uint32"), ("kn", "float16"), ("vc", "uint32"), ("vn", "float16"),
-                                  ("klut", "uint32"), ("vlut", "uint32"), ("nref", "uint8"), ("sref", "uint8"), ("rr", "int32")],
+                                  ("klut", "uint32"), ("vlut", "uint32"), ("qrot", "float32"), ("nref", "uint8"), ("sref", "uint8"), ("rr", "int32")],
                           outputs=[("out_m", "float32"), ("out_l", "float32"), ("out_acc", "float32")])
 TQ_APPEND_CU_TYPES = dict(inputs=[("xk", "bfloat16"), ("xv", "bfloat16"), ("R", "float32"), ("bk", "float32"), ("bv", "float32")],
                           outputs=[("kc", "uint32"), ("kn", "float16"), ("vc", "uint32"), ("vn", "float16")])

@@ -1,0 +1,74 @@
+"""B = 1 decode on a GPU through `generate_step`-style pipelining: tok/s of stock mlx-lm and each method on the
+random-weight Llama-3.1-8B-shaped model (32 layers), caches filled directly with random K/V (no prefill), so that the
+per-token cost of the cache path shows alone. Optional ncu mode (`--ncu`): a few decode steps only, for a kernel
+profile under `ncu --metrics gpu__time_duration.sum`.
+
+    python scripts/profile_b1.py OUT.json --contexts 8192,32768 --specs "stock;affine:key_bits=4,value_bits=4"
+"""
+import argparse, json, time
+import mlx.core as mx
+import veloxquant  # noqa: F401
+from veloxquant.core import parse_method
+from veloxquant.builder import KVCacheBuilder
+from veloxquant.bench import STOCK, _generate_model
+from mlx_lm.models.cache import make_prompt_cache
+
+ap = argparse.ArgumentParser()
+ap.add_argument("out"); ap.add_argument("--contexts", default="8192,32768")
+ap.add_argument("--specs", default="stock;affine:key_bits=4,value_bits=4;turboquant:key_bits=3,value_bits=3")
+ap.add_argument("--steps", type=int, default=128); ap.add_argument("--layers", type=int, default=32)
+ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--merge-warps", type=int, default=0, help="override gpu.MERGE_WARPS (0: the default)")
+a = ap.parse_args()
+import veloxquant.gpu as gpu
+if a.merge_warps: gpu.MERGE_WARPS = a.merge_warps
+model, _, label = _generate_model(None, a.layers)
+H, D = 8, 128
+
+def fill(caches, ctx):
+    mx.random.seed(1)
+    for c in caches:
+        kk = mx.random.normal((1, H, ctx, D)).astype(mx.float16); vv = mx.random.normal((1, H, ctx, D)).astype(mx.float16)
+        c.update_and_fetch(kk, vv)
+        if hasattr(c, "_flush"): c._flush()
+        mx.eval(c.state)
+
+def pipelined(caches, steps):
+    y = mx.array([[1]])
+    t0 = time.perf_counter()
+    tok = mx.argmax(model(y, cache=caches)[:, -1], axis=-1); mx.async_eval(tok)
+    for _ in range(steps):
+        nxt = mx.argmax(model(tok[None], cache=caches)[:, -1], axis=-1); mx.async_eval(nxt)
+        tok.item(); tok = nxt
+    tok.item()
+    return (time.perf_counter() - t0) / (steps + 1)
+
+res = dict(model=label, device=str(mx.default_device()), mlx=mx.__version__, rows=[])
+for ctx in [int(x) for x in a.contexts.split(",")]:
+    made = {}
+    for spec in a.specs.split(";"):
+        mx.clear_cache()
+        caches = make_prompt_cache(model) if spec == STOCK else KVCacheBuilder.for_model(model, parse_method(spec))
+        fill(caches, ctx); pipelined(caches, 8); made[spec] = caches
+    for r in range(a.rounds):  # interleaved rounds: the ratios side by side
+        for spec, caches in made.items():
+            s = pipelined(caches, a.steps)
+            res["rows"].append(dict(ctx=ctx, spec=spec, round=r, ms=s * 1e3, tok_s=1 / s))
+            print(json.dumps(res["rows"][-1]), flush=True)
+    del made
+json.dump(res, open(a.out, "w"), indent=1)
+
+if a.steps <= 4:  # ncu mode ends here
+    raise SystemExit
+# host graph building per token (no evaluation): what bounds a pipelined step when the device is faster
+for ctx in [int(x) for x in a.contexts.split(",")][:1]:
+    for spec in a.specs.split(";"):
+        caches = make_prompt_cache(model) if spec == STOCK else KVCacheBuilder.for_model(model, parse_method(spec))
+        fill(caches, ctx); pipelined(caches, 8)
+        y = mx.array([[1]]); bs = []
+        for _ in range(24):
+            t0 = time.perf_counter(); lg = model(y, cache=caches); bs.append(time.perf_counter() - t0); mx.eval(lg)
+        bs.sort(); res.setdefault("build_ms", {})[f"{ctx} {spec}"] = bs[12] * 1e3
+        print("build ms", ctx, spec, round(bs[12] * 1e3, 3), flush=True)
+        del caches
+json.dump(res, open(a.out, "w"), indent=1)
