@@ -11,6 +11,7 @@ from mlx_lm.models import llama
 
 import veloxquant as vq
 import veloxquant.gpu as gpu
+import veloxquant.gpu_decode as gpu_decode
 
 ARGS = llama.ModelArgs(model_type="llama", hidden_size=256, num_hidden_layers=2, intermediate_size=256, num_attention_heads=4,
                        num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=64, head_dim=64)
@@ -75,7 +76,7 @@ def test_injected_failure_names_kernel_and_error(model, monkeypatch):
             out = run(model, cfg)
         assert gpu.kernel_failed("vq_affine_decode")
         with pytest.raises(gpu.KernelFailed, match="vq_affine_decode"):  # later calls refuse at once, without a launch
-            gpu._kernel("vq_affine_decode", gpu.DECODE_MERGE_BODY, (), (), "metal")(inputs=[])
+            gpu._kernel("vq_affine_decode", gpu_decode.DECODE_MERGE_BODY, (), (), "metal")(inputs=[])
     assert mx.array_equal(out, ref).item()
     assert not gpu.kernel_failed("vq_affine_decode")  # the context forgets it
 

@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from veloxquant import gpu, bench
+from veloxquant import gpu, gpu_decode, bench
 from veloxquant.methods import affine, turboquant, qjl
 from veloxquant.attention import Partial, blockwise_attention
 from veloxquant.quant import pack_bits, unpack_bits
@@ -20,7 +20,7 @@ def test_kernel_files_in_sync():
     files = gpu.kernel_files()
     assert set(files) == {f"{n}.{e}" for n in gpu.all_kernels() for e in ("cu", "metal")}
     for name, text in files.items():
-        assert (ROOT / "kernels" / name).read_text() == text, f"kernels/{name} is out of sync: run the notebooks that register kernels (nbs/03b_gpu.ipynb, nbs/methods/*.ipynb)"
+        assert (ROOT / "kernels" / name).read_text() == text, f"kernels/{name} is out of sync: run the notebooks that register kernels (nbs/03b_gpu_decode.ipynb, nbs/03e_tiles.ipynb, nbs/03f_vq.ipynb, nbs/methods/*.ipynb)"
 
 
 @needs_nvcc
@@ -317,18 +317,18 @@ def test_tq_decode_parity(B, Hkv, rep, D, n, kbits, vbits, E, sinks, emulate, dt
 
 @pytest.mark.gpu
 def test_tq_fused_decode_is_used_in_generation(tiny_model):
-    "turboquant's cache routes decode steps through its fused kernels on CUDA (a prepared `gpu.DecodeStep`, `tq_fused_decode`'s launches)."
+    "turboquant's cache routes decode steps through its fused kernels on CUDA (a prepared `gpu_decode.DecodeStep`, `tq_fused_decode`'s launches)."
     import veloxquant as vq
     import veloxquant.gpu as gpu
     calls = []
-    orig = gpu.DecodeStep.__call__
+    orig = gpu_decode.DecodeStep.__call__
     try:
-        gpu.DecodeStep.__call__ = lambda *a, **k: calls.append(1) or orig(*a, **k)
+        gpu_decode.DecodeStep.__call__ = lambda *a, **k: calls.append(1) or orig(*a, **k)
         caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, window=0))  # no window: the 40 tokens become codes
         tiny_model(mx.array([[5] * 40]), cache=caches)
         mx.eval(tiny_model(mx.array([[7]]), cache=caches))
     finally:
-        gpu.DecodeStep.__call__ = orig
+        gpu_decode.DecodeStep.__call__ = orig
     assert calls
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import mlx.core as mx
 import veloxquant.gpu as gpu
+import veloxquant.gpu_decode as gpu_decode
 
 # %% auto #0
 __all__ = ['TILE_PARTIAL_BODY', 'TILE_PARTIAL_INPUTS', 'TILE_PARTIAL_CU_TYPES', 'TILE_WARPS', 'TILE_TOKENS', 'TILE_TARGET_GROUPS',
@@ -151,7 +152,7 @@ def tile_partials_reference(qt, kt, vt, lo: int, rep: int):
     return m.reshape(rows, 1) * math.log(2.0), p.sum(-1).reshape(rows, 1), acc.reshape(rows, 1, DV)
 
 def merge_reference(m, l, acc, queries, ek, ev, scale: float, sinks=None, n_exact=None, rot=None):
-    """`gpu._merge_partials` in MLX operations: partials `m`, `l` [ROWS, NS] (natural log), `acc` [ROWS, NS, D] with the
+    """`gpu_decode._merge_partials` in MLX operations: partials `m`, `l` [ROWS, NS] (natural log), `acc` [ROWS, NS, D] with the
     exact tokens (the first `n_exact` of `ek`, `ev` [B, Hkv, E, D]) scored by `queries` [B, Hq, 1, D] and the sink
     logits [Hq]; `rot` [D, D]: the partials' acc is rotated, out = acc·rotᵀ + exact part. Returns [B, Hq, 1, D]."""
     B, Hq, _, D = queries.shape; Hkv = ek.shape[1]; rep = Hq // Hkv; f32 = mx.float32
@@ -191,7 +192,7 @@ def tiled_decode(kc, vc, queries, windows, ek, ev, scale: float, sinks=None, n_e
     True: for each history window `(key block, value block, lo)` (e.g. `veloxquant.cache.decode_plan`: tokens [lo, size)
     of the window count) the codecs decode the block into a tile (`key_tile` / `value_tile`, float16 on a GPU; one tile
     alive at a time per step's graph, never the whole context), the tile kernel (`tile_partials`) scores it with the
-    mapped queries (`tile_query`) and writes chunk partials, and one merge (`gpu._merge_partials`) combines them with
+    mapped queries (`tile_query`) and writes chunk partials, and one merge (`gpu_decode._merge_partials`) combines them with
     the exact tokens `ek`, `ev` [B, Hkv, E, D] (first `n_exact` count; a preallocated window buffer goes in as it is),
     the sink logits [Hq] and the value codec's `value_map`. `queries` [B, Hq, 1, D]; returns [B, Hq, 1, D] in their
     dtype. `kernel` None: the kernels on a GPU back-end (MLX operations over the float16 tiles where a head dim is not a
@@ -221,5 +222,5 @@ def tiled_decode(kc, vc, queries, windows, ek, ev, scale: float, sinks=None, n_e
     m, l, acc = cat(ms, 1), cat(ls, 1), cat(accs, 1)
     dt = queries.dtype
     if not kernel: return merge_reference(m, l, acc, queries, ek, ev, scale, sinks, n_exact, fns.rot)
-    return gpu._merge_partials(m, l, acc, queries, ek.astype(dt), ev.astype(dt), sinks, scale, rep, gpu.MERGE_WARPS, dt,
+    return gpu_decode._merge_partials(m, l, acc, queries, ek.astype(dt), ev.astype(dt), sinks, scale, rep, gpu.MERGE_WARPS, dt,
                                n_exact, rot=fns.rot, out_shape=(B, Hq, 1, D))

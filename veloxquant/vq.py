@@ -9,6 +9,7 @@ import mlx.core as mx
 from .cache import Codec, VQCache, register_cache_class, seal_state
 from .quant import hadamard_like
 import veloxquant.gpu as gpu
+import veloxquant.gpu_decode as gpu_decode
 import veloxquant.rope as rope
 
 # %% auto #0
@@ -326,7 +327,7 @@ def pq_decode_attention(queries, k: dict, v: dict, n: int, keys, values, scale: 
     """One decode step of attention over `n` product-VQ tokens (`k`, `v`: the stores' `codes` uint8 [B, Hkv, CAP, M])
     plus the exact `keys`/`values` [B, Hkv, E, D] (the first `n_exact` count, default all) and optional `sinks` [Hq]:
     the table (`pq_table`, scale·log2(e) folded in), the chunk partials of `vq_pq_decode` (scores from the table, the
-    value centroids mixed in the rotated domain), then `gpu._merge_partials` with the exact tokens and the inverse
+    value centroids mixed in the rotated domain), then `gpu_decode._merge_partials` with the exact tokens and the inverse
     value rotation. `queries` [B, Hq, 1, D]; returns [B, Hq, 1, D] in their dtype. `ValueError` for a layout that
     `pq_decode_supported` refuses; raises `gpu.KernelFailed` where the kernel cannot run."""
     gpu._check_step(queries, keys, values, n, k, "codes")
@@ -334,7 +335,7 @@ def pq_decode_attention(queries, k: dict, v: dict, n: int, keys, values, scale: 
     if not pq_decode_supported(kc, vc, Hq // Hkv):
         raise ValueError(f"the product-VQ decode kernel does not take head_dim {kc.head_dim}/{vc.head_dim}, {kc.M} key sub-vectors, "
                          f"{Hq // Hkv} query heads per kv head on backend={gpu.backend()}")
-    step = gpu.DecodeStep("pq_decode", PQ_DECODE_BODY, PQ_DECODE_INPUTS, _pq_template(kc, vc, Hq // Hkv), B, Hq, Hkv, D,
+    step = gpu_decode.DecodeStep("pq_decode", PQ_DECODE_BODY, PQ_DECODE_INPUTS, _pq_template(kc, vc, Hq // Hkv), B, Hq, Hkv, D,
                           queries.dtype, scale, PQ_WARPS, PQ_TARGET_GROUPS, rot=vc.R, hs=sinks is not None)
     dt = queries.dtype
     return step([pq_table(kc, queries, Hkv, scale * _LOG2E), k["codes"], v["codes"], vc.cb[:Hkv]], n, queries,
@@ -345,7 +346,7 @@ def _pq_template(kc, vc, rep):
 
 def pq_fused_decode(kc, vc):
     """The cache's `fused_decode` hook for a pair of `PQCodec`s (None where the kernels are off): a step function taking
-    the window buffer as it is (`takes_buffer`), one prepared `gpu.DecodeStep` per (shape, dtype, scale), None for a layout
+    the window buffer as it is (`takes_buffer`), one prepared `gpu_decode.DecodeStep` per (shape, dtype, scale), None for a layout
     the kernel does not take or after the kernel failed (the cache then takes its other paths)."""
     if not (_kernels_on() and isinstance(kc, PQCodec) and isinstance(vc, PQCodec)): return None
     plans = {}
@@ -356,7 +357,7 @@ def pq_fused_decode(kc, vc):
         if p is None:
             B, Hq, L, D = queries.shape; Hkv = ek.shape[1]
             ok = L == 1 and Hq % Hkv == 0 and ek.shape[-1] == D and pq_decode_supported(kc, vc, Hq // Hkv)
-            p = plans[key] = gpu.DecodeStep("pq_decode", PQ_DECODE_BODY, PQ_DECODE_INPUTS, _pq_template(kc, vc, Hq // Hkv), B, Hq, Hkv, D,
+            p = plans[key] = gpu_decode.DecodeStep("pq_decode", PQ_DECODE_BODY, PQ_DECODE_INPUTS, _pq_template(kc, vc, Hq // Hkv), B, Hq, Hkv, D,
                                             queries.dtype, scale, PQ_WARPS, PQ_TARGET_GROUPS, rot=vc.R, hs=sinks is not None) if ok else False
         if p is False: return None
         dt, Hkv = queries.dtype, ek.shape[1]

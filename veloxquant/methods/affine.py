@@ -14,7 +14,9 @@ import veloxquant.gpu as gpu
 from ..gpu import (
     DECODE_PARTIAL_OUTPUTS, DECODE_WARPS, MERGE_WARPS, MMA_TARGET_GROUPS, MMA_TOKENS, MMA_WARPS, decode_split,
     register_kernel, _MMA_CHUNK_TAIL, _MMA_DEFINE, _MMA_ONLINE_SOFTMAX, _check_step, _float_bits, _is_int, _kernel,
-    _merge_partials, _nref, _no_rows, _pack, _smem_limit, DECODE_ROWS)
+    _nref, _no_rows, _pack, _smem_limit, DECODE_ROWS)
+import veloxquant.gpu_decode as gpu_decode
+from ..gpu_decode import _merge_partials
 
 # %% auto #0
 __all__ = ['AFFINE_BITS', 'METHOD', 'AFFINE_DECODE_BODY', 'AFFINE_DECODE_INPUTS', 'AFFINE_DECODE_OUTPUTS',
@@ -108,7 +110,7 @@ def _make(config: KVCacheConfig):
             if p is False: return None  # too many query heads per kv head for threadgroup memory: the reference path
             return p([queries, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"]], n, queries, ek, ev, sinks, n_exact, rows=rows)
         run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
-        run.takes_rows = True    # a padded batch: per-row coded and exact ranges (`gpu.DecodeStep`, `rows`)
+        run.takes_rows = True    # a padded batch: per-row coded and exact ranges (`gpu_decode.DecodeStep`, `rows`)
         return run
     # Appends stay on `mx.quantize` (two native dispatches): on the H200 it is faster than the one-dispatch
     # `affine_fused_append` (0.57-0.64x, see nbs/13_bench.ipynb), so that kernel is not wired in here.
@@ -598,12 +600,12 @@ def affine_fused_decode(queries, k: dict, v: dict, n: int, keys, values, scale: 
                            out_shape=(B, Hq, 1, D))
 
 def _decode_plan(qshape, Hkv, dtype, scale, key_bits, value_bits, group_size, hs):
-    "The prepared launches (`veloxquant.gpu.DecodeStep`) of a cache's decode steps: the tensor-core kernel in one dispatch, or the scalar one and the merge."
+    "The prepared launches (`veloxquant.gpu_decode.DecodeStep`) of a cache's decode steps: the tensor-core kernel in one dispatch, or the scalar one and the merge."
     B, Hq, _, D = qshape; rep = Hq // Hkv
     use, warps = _pick(D, key_bits, value_bits, group_size, rep, None, None)
-    if use: return gpu.DecodeStep("affine_mma_decode", AFFINE_MMA_DECODE_BODY, AFFINE_MMA_DECODE_INPUTS, [("D", D), ("G", group_size), ("REP", rep), ("NW", warps),
+    if use: return gpu_decode.DecodeStep("affine_mma_decode", AFFINE_MMA_DECODE_BODY, AFFINE_MMA_DECODE_INPUTS, [("D", D), ("G", group_size), ("REP", rep), ("NW", warps),
                                   ("U", MMA_TOKENS // 16), ("EMU", 0), ("PF", 1)], B, Hq, Hkv, D, dtype, scale, warps, MMA_TARGET_GROUPS, fused=True, hs=hs)
-    return gpu.DecodeStep("affine_decode", AFFINE_DECODE_BODY, AFFINE_DECODE_INPUTS, [("D", D), ("KBITS", key_bits), ("VBITS", value_bits), ("G", group_size),
+    return gpu_decode.DecodeStep("affine_decode", AFFINE_DECODE_BODY, AFFINE_DECODE_INPUTS, [("D", D), ("KBITS", key_bits), ("VBITS", value_bits), ("G", group_size),
                           ("REP", rep), ("NW", warps)], B, Hq, Hkv, D, dtype, scale, warps, None, hs=hs)
 
 # %% ../../nbs/methods/affine.ipynb #90af2554

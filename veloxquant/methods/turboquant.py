@@ -14,8 +14,10 @@ from ..quant import rotation, codebook, pack_bits, unpack_bits, packed_words, RO
 import veloxquant.gpu as gpu
 from ..gpu import (
     DECODE_PARTIAL_OUTPUTS, MERGE_WARPS, MMA_TARGET_GROUPS, MMA_TOKENS, MMA_WARPS, decode_split, register_kernel,
-    _MMA_CHUNK_TAIL, _MMA_DEFINE, _MMA_ONLINE_SOFTMAX, _check_step, _float_bits, _is_int, _kernel, _merge_partials,
+    _MMA_CHUNK_TAIL, _MMA_DEFINE, _MMA_ONLINE_SOFTMAX, _check_step, _float_bits, _is_int, _kernel,
     _nref, _no_rows, _pack, DECODE_ROWS)
+import veloxquant.gpu_decode as gpu_decode
+from ..gpu_decode import _merge_partials
 
 # %% auto #0
 __all__ = ['TQ_BITS', 'TQ_CODEBOOKS', 'TQ_VARIANTS', 'METHOD', 'TQ_MMA_DECODE_BODY', 'TQ_DECODE_INPUTS', 'TQ_APPEND_BODY',
@@ -299,21 +301,21 @@ def _make(config: KVCacheConfig):
         if not (cfg.use_kernels and cfg.variant == "mse" and not cfg.center and kc.head_dim == vc.head_dim
                 and len(kc.groups) == 1 and len(vc.groups) == 1 and tq_decode_supported(kc.head_dim, kc.bits, vc.bits, 1)):
             return None
-        plans = {}  # one prepared step (gpu.DecodeStep, one dispatch) per (shape, dtype, scale): the checks run once
+        plans = {}  # one prepared step (gpu_decode.DecodeStep, one dispatch) per (shape, dtype, scale): the checks run once
         def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None, rows=None):
             key = (queries.shape, ek.shape[:2], queries.dtype, scale, sinks is None)
             p = plans.get(key)
             if p is None:
                 B, Hq, L, D = queries.shape; Hkv = ek.shape[1]
                 ok = L == 1 and Hq % Hkv == 0 and tq_decode_supported(kc.head_dim, kc.bits, vc.bits, Hq // Hkv)
-                p = plans[key] = gpu.DecodeStep("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_INPUTS, [("D", D), ("KB", _int_bits(kc.groups[0][2])),
+                p = plans[key] = gpu_decode.DecodeStep("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_INPUTS, [("D", D), ("KB", _int_bits(kc.groups[0][2])),
                     ("VB", _int_bits(vc.groups[0][2])), ("REP", Hq // Hkv), ("NW", MMA_WARPS), ("U", MMA_TOKENS // 16), ("EMU", 0)], B, Hq, Hkv, D,
                     queries.dtype, scale, MMA_WARPS, MMA_TARGET_GROUPS, fused=True, rot=vc.R, hs=sinks is not None) if ok else False
             if p is False: return None  # more than 16 query heads per kv head: the reference path
             return p([queries, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _f32(kc.R)],
                      n, queries, ek, ev, sinks, n_exact, rows=rows)
         run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
-        run.takes_rows = True    # a padded batch: per-row coded and exact ranges (`gpu.DecodeStep`, `rows`)
+        run.takes_rows = True    # a padded batch: per-row coded and exact ranges (`gpu_decode.DecodeStep`, `rows`)
         return run
     return TurboQuantCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_encode=encode, fused_decode=decode)
 
