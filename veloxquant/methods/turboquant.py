@@ -75,6 +75,18 @@ class TurboQuantConfig(MethodConfig):
                              f"allowed values: {[b for b in TQ_BITS if b >= 2]}")
 
 # %% ../../nbs/methods/turboquant.ipynb #d1b53260
+_DECODE_AS = {}
+def _compiled_decode(codec, dtype):
+    """`codec.decode(blk).astype(dtype)` under `mx.compile`, one function per (rotation, channel groups and codebooks,
+    dtype): codecs of one configuration hold equal rotations and codebooks, which the first one's trace captures as
+    constants. Uncentred `TurboQuantCodec`s only (a mean `mu` differs per layer)."""
+    key = (codec.rot_name, tuple((s, e, b, name) for s, e, b, c, t, name in codec.groups), str(dtype))
+    fn = _DECODE_AS.get(key)
+    if fn is None:
+        if len(_DECODE_AS) > 16: _DECODE_AS.clear()
+        fn = _DECODE_AS[key] = mx.compile(lambda blk: codec.decode(blk).astype(dtype))
+    return fn
+
 def channel_split(d: int, bits) -> list[tuple[int, int, int]]:
     "Channel groups `(start, stop, bits)` of the rotated coordinates for an average of `bits` per coordinate."
     lo = int(math.floor(bits)); frac = bits - lo
@@ -132,6 +144,15 @@ class TurboQuantCodec(Codec):
             x = (y * blk["norm"].astype(mx.float32)) @ self._perm()[1]
         else: x = (self.rotated_unit(blk) * blk["norm"].astype(mx.float32)) @ self.R.T
         return x if self.mu is None else x + self.mu
+
+    def decode_as(self, blk, dtype):
+        """`decode(blk)` in `dtype`, [B, H, t, D]: what a prefill chunk attends to (`VQCache._attend_decoded`). On a GPU
+        back-end the plain codec (no centering, not a subclass) decodes through one `mx.compile`d function per (rotation,
+        codebooks, dtype), `_compiled_decode`: the unpack, codebook lookup and norm scaling fuse before the Rᵀ matmul (on
+        the H200, 30,720 tokens of head_dim 128: 1.28 → 0.82 ms per side and layer, `scripts/profile_prefill_pieces.py`,
+        `nbs/prefill_pieces_h200_s9.json`). It is traced again for each new block shape (one per prefill chunk)."""
+        if gpu.backend() is None or self.center or type(self) is not TurboQuantCodec: return super().decode_as(blk, dtype)
+        return _compiled_decode(self, dtype)(blk)
 
     def _cpu_planes(self, blk):
         """On the CPU back-end, per channel group, the codebook values ŷ of a block as float32 planes (`code_planes`:
