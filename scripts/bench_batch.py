@@ -4,7 +4,7 @@ with the compressed batch cache's fused per-row decode (`VQBatchCache._attend_ro
 prompts of equal length, 64 timed decode tokens after 8 untimed; prefill in steps of `--step` tokens (2,048 runs stock
 out of memory at B = 8, 32k: its prefill scores with an array mask are not fused).
 
-  python scripts/bench_batch.py OUT.json [--contexts 8192,32768] [--batch 8] [--step 512] [--reference-contexts 32768] [--warm-each 0]"""
+  python scripts/bench_batch.py OUT.json [--contexts 8192,32768] [--batch 8] [--step 512] [--reference-contexts 32768] [--warm-each 0] [--methods "stock;affine:key_bits=4,value_bits=4"]"""
 import argparse, json, platform
 from importlib.metadata import version
 import mlx.core as mx
@@ -14,12 +14,20 @@ from veloxquant.batch import VQBatchCache
 p = argparse.ArgumentParser()
 p.add_argument("out"); p.add_argument("--contexts", default="8192,32768"); p.add_argument("--batch", type=int, default=8)
 p.add_argument("--step", type=int, default=512); p.add_argument("--reference-contexts", default="32768")
+p.add_argument("--methods", default="", help="comma-free list separated by ';' (default: stock, affine 4/4, turboquant 3/3); one per process keeps a failure (out of memory) from hiding the others")
 p.add_argument("--warm-each", type=int, default=0, help="1: an untimed run of each shape before its timed run (twice the time and, at B = 8, 32k, more memory)")
+p.add_argument("--cache-limit-gb", type=float, default=None, help="mx.set_cache_limit (GB) before the runs: bounds MLX's buffer cache")
 a = p.parse_args()
-methods = (bench.STOCK, "affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3")
+if a.cache_limit_gb is not None: mx.set_cache_limit(int(a.cache_limit_gb * 1e9))
+methods = tuple(a.methods.split(";")) if a.methods else (bench.STOCK, "affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3")
 ctxs = tuple(int(x) for x in a.contexts.split(","))
-rows = bench.benchmark_generate(methods, contexts=ctxs, batches=(a.batch,), prefill_step_size=a.step, progress=False,
-                              warm_each=bool(a.warm_each))
+try:
+    rows = bench.benchmark_generate(methods, contexts=ctxs, batches=(a.batch,), prefill_step_size=a.step, progress=False,
+                                  warm_each=bool(a.warm_each))
+except RuntimeError as e:  # out of memory: say how much MLX held (active, buffer cache, peak) before failing
+    g = lambda f: f() / 1e9
+    raise SystemExit(f"{methods}: {e}; MLX active {g(mx.get_active_memory):.1f} GB, cache {g(mx.get_cache_memory):.1f} GB, "
+                     f"peak {g(mx.get_peak_memory):.1f} GB")
 for r in rows: r["batch_decode"] = "fused per-row"
 ref = tuple(int(x) for x in a.reference_contexts.split(",") if x)
 if ref:
