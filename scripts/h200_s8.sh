@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session-8 H200 runs after the decode kernels' chunk size became a runtime input (after .mlxcuda setup;
 # PYTHONPATH=/tmp/site:$PWD). Part "tests": GPU parity of every decode kernel; part "bench": B = 1 end to end with no
-# per-shape warm-up (the shared warm-up only), then B = 8 at 32k through BatchGenerator. TAG (default s8) names the
+# per-shape warm-up (the shared warm-up only), then B = 8 at 32k through BatchGenerator in 128-token prefill steps. TAG (default s8) names the
 # output files, so a later session reruns the same protocol with TAG=s10; T: the parity run's time limit in s.
 set -uo pipefail
 export TAG=${TAG:-s8}
@@ -24,5 +24,5 @@ bench.print_generate(rows)
 PY
   ;;
 b8)
-  timeout 560 python3 scripts/bench_batch.py $OUT/generate_h200_b8_32k_${TAG}.json --contexts 32768 --reference-contexts "" --warm-each 0 ;;
+  timeout 560 python3 scripts/bench_batch.py $OUT/generate_h200_b8_32k_${TAG}.json --contexts 32768 --reference-contexts "" --warm-each 0 --step 128 ;;  # 512-token steps: out of memory (stock itself peaks at 138 GB)
 esac
