@@ -14,11 +14,9 @@ from veloxquant.batch import VQBatchCache
 p = argparse.ArgumentParser()
 p.add_argument("out"); p.add_argument("--contexts", default="8192,32768"); p.add_argument("--batch", type=int, default=8)
 p.add_argument("--step", type=int, default=512); p.add_argument("--reference-contexts", default="32768")
-p.add_argument("--methods", default="", help="comma-free list separated by ';' (default: stock, affine 4/4, turboquant 3/3); one per process keeps a failure (out of memory) from hiding the others")
+p.add_argument("--methods", default="", help="method specs separated by ';' (default: stock, affine 4/4, turboquant 3/3); one spec per process keeps a failure (out of memory) from hiding the others")
 p.add_argument("--warm-each", type=int, default=0, help="1: an untimed run of each shape before its timed run (twice the time and, at B = 8, 32k, more memory)")
-p.add_argument("--cache-limit-gb", type=float, default=None, help="mx.set_cache_limit (GB) before the runs: bounds MLX's buffer cache")
 a = p.parse_args()
-if a.cache_limit_gb is not None: mx.set_cache_limit(int(a.cache_limit_gb * 1e9))
 methods = tuple(a.methods.split(";")) if a.methods else (bench.STOCK, "affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3")
 ctxs = tuple(int(x) for x in a.contexts.split(","))
 try:
