@@ -19,6 +19,7 @@ ap.add_argument("--specs", default="stock;affine:key_bits=4,value_bits=4;turboqu
 ap.add_argument("--steps", type=int, default=128); ap.add_argument("--layers", type=int, default=32)
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--merge-warps", type=int, default=0, help="override gpu.MERGE_WARPS (0: the default)")
+ap.add_argument("--prefill", type=int, default=0, help="fill the caches by a real prefill of random tokens in chunks of this many tokens (0: random K/V in one update)")
 a = ap.parse_args()
 import veloxquant.gpu as gpu
 if a.merge_warps: gpu.MERGE_WARPS = a.merge_warps
@@ -27,6 +28,12 @@ H, D = 8, 128
 
 def fill(caches, ctx):
     mx.random.seed(1)
+    if a.prefill:  # as generate_step does: the prompt in chunks through the model (the compressed layout a user's decode sees)
+        from veloxquant.bench import _cache_arrays
+        toks = mx.random.randint(0, model.args.vocab_size, (1, ctx))
+        for s in range(0, ctx, a.prefill):
+            model(toks[:, s:s + a.prefill], cache=caches); mx.eval([_cache_arrays(c) for c in caches])
+        return
     for c in caches:
         kk = mx.random.normal((1, H, ctx, D)).astype(mx.float16); vv = mx.random.normal((1, H, ctx, D)).astype(mx.float16)
         c.update_and_fetch(kk, vv)
@@ -43,13 +50,29 @@ def pipelined(caches, steps):
     tok.item()
     return (time.perf_counter() - t0) / (steps + 1)
 
+PATHS = {}
+def _count(mod, name):  # which attention path each decode step takes (counted per call)
+    f = getattr(mod, name)
+    def g(*args, **kw): PATHS[name] = PATHS.get(name, 0) + 1; return f(*args, **kw)
+    setattr(mod, name, g)
+import veloxquant.cache as _vc
+for _n in ("blockwise_attention", "compiled_decode_attention", "query_blocked_sdpa"): _count(_vc, _n)
+_count(_vc.tiles, "tiled_decode"); _count(_vc.VQCache, "_fused")
+def describe(c):
+    if not hasattr(c, "k_store"): return dict(kind=type(c).__name__, offset=getattr(c, "offset", None))
+    cap = {k: tuple(v.shape) for k, v in c.k_store.arrays.items()}
+    return dict(kind=type(c).__name__, offset=c.offset, store=c.k_store.length, cap=cap, xkn=c._xkn, xbuf=c._xbuf,
+                xk=None if c._xk is None else tuple(c._xk.shape), sink=c.k_sink is not None, pending=c.pending is not None)
+
 res = dict(model=label, device=str(mx.default_device()), mlx=mx.__version__, rows=[])
 for ctx in [int(x) for x in a.contexts.split(",")]:
     made = {}
     for spec in a.specs.split(";"):
         mx.clear_cache()
         caches = make_prompt_cache(model) if spec == STOCK else KVCacheBuilder.for_model(model, parse_method(spec))
-        fill(caches, ctx); pipelined(caches, 8); made[spec] = caches
+        fill(caches, ctx); PATHS.clear(); pipelined(caches, 8); made[spec] = caches
+        res.setdefault("layout", {})[f"{ctx} {spec}"] = dict(describe(caches[0]), paths_8_steps=dict(PATHS))
+        print("layout", ctx, spec, res["layout"][f"{ctx} {spec}"], flush=True)
     for r in range(a.rounds):  # interleaved rounds: the ratios side by side
         for spec, caches in made.items():
             s = pipelined(caches, a.steps)
