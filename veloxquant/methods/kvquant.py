@@ -4,7 +4,7 @@
 
 # %% ../../nbs/methods/kvquant.ipynb #fb77204b
 from __future__ import annotations
-import json
+import json, weakref
 from dataclasses import dataclass
 import numpy as np
 import mlx.core as mx
@@ -13,7 +13,7 @@ from ..cache import Codec, VQCache, register_cache_class, seal_state
 from ..channel import select_outliers, scatter_outliers
 from ..quant import pack_bits, unpack_bits
 import veloxquant.quant as quant
-from ..attention import blockwise_attention, dense_blocks
+from ..attention import blockwise_attention, dense_blocks, Partial
 import veloxquant.calibrate as calibrate
 import veloxquant.rope as rope
 
@@ -78,20 +78,29 @@ class KVQuantConfig(MethodConfig):
         if not isinstance(self.path, str): raise ValueError(f"path={self.path!r} must be a string (a file path, or '')")
 
 # %% ../../nbs/methods/kvquant.ipynb #ed1ba87c
+def _prefix(a) -> np.ndarray: return np.concatenate([[0.0], np.cumsum(a)])  # float64 [N + 1]
+
+def _bounds(xs, c) -> np.ndarray:
+    """Cluster boundaries in the ascending data `xs` [N] for the ascending centroids `c` [k]: int [k + 1] with 0 first and
+    N last; centroid j holds xs[b[j]:b[j + 1]] (the entries nearest to it, ties to the lower, as `nearest`)."""
+    return np.concatenate([[0], np.searchsorted(xs, (c[1:] + c[:-1]) / 2, side="right"), [xs.size]])
+
 def weighted_kmeans_1d(x, w, k: int, iters: int = 40) -> np.ndarray:
     """KVQuant's sensitivity-weighted non-uniform datatype (arXiv 2401.18079 §3.3, Eq. 4): the `k` centroids C minimizing
     Σ_i w_i (x_i − C(x_i))², x and w float [N] (w ≥ 0, e.g. the Fisher information g_i²), by Lloyd's iterations in 1-D
-    (NumPy: sorted centroids, assignment by their midpoints, weighted means), started at weighted quantiles. Returns
+    (NumPy: sorted centroids, assignment by their midpoints, weighted means from prefix sums over the sorted data),
+    started at weighted quantiles. Returns
     float32 [k], ascending. A centroid that loses all weight keeps its place. `ValueError` for k < 1 or N < k."""
     x = np.asarray(x, np.float64).reshape(-1); w = np.asarray(w, np.float64).reshape(-1)
     if type(k) is not int or k < 1 or x.size < k: raise ValueError(f"k={k!r}: need an int in [1, N={x.size}]")
     w = np.maximum(w, 0) + 1e-12 * max(w.max(initial=0), 1e-30)          # no point entirely without weight
     o = np.argsort(x); xs, ws = x[o], w[o]
     cw = np.cumsum(ws); c = np.interp((np.arange(k) + 0.5) / k * cw[-1], cw, xs)
+    pw, px = _prefix(ws), _prefix(ws * xs)
     for _ in range(iters):
         c = np.sort(c)
-        a = np.searchsorted((c[1:] + c[:-1]) / 2, xs)
-        sw = np.bincount(a, ws, k); sx = np.bincount(a, ws * xs, k)
+        b = _bounds(xs, c)  # the sorted data split at the midpoints: k − 1 binary searches instead of N
+        sw, sx = np.diff(pw[b]), np.diff(px[b])
         new = np.where(sw > 0, sx / np.maximum(sw, 1e-300), c)
         if np.allclose(new, c, rtol=0, atol=1e-7): c = new; break
         c = new
@@ -108,8 +117,10 @@ def qnorm(c, x, w=None, iters: int = 8) -> np.ndarray:
     x = np.asarray(x, np.float64).reshape(-1); w = np.ones_like(x) if w is None else np.asarray(w, np.float64).reshape(-1)
     m = lambda a: (w * a).sum() / w.sum()
     mx_ = m(x); sx = np.sqrt(m((x - mx_) ** 2)); c = np.asarray(c, np.float64)
+    o = np.argsort(x); xs, pw = x[o], _prefix(w[o])
     for _ in range(iters):  # the codes are re-assigned to the moved centroids: a few fixed-point steps
-        q = c[nearest(x, c)]; mq = m(q); sq = np.sqrt(m((q - mq) ** 2))
+        wc = np.diff(pw[_bounds(xs, c)]) / pw[-1]  # each centroid's share of the weight (c stays ascending)
+        mq = (wc * c).sum(); sq = np.sqrt((wc * (c - mq) ** 2).sum())
         c = (c - mq) * (sx / max(sq, 1e-30)) + mx_
     return c.astype(np.float32)
 
@@ -359,15 +370,20 @@ class KVQuantRotValueCodec(Codec):
     def shared_artifacts(self): return {self.rot_name: self.R}
 
 # %% ../../nbs/methods/kvquant.ipynb #aece95d7
+_STEPS = weakref.WeakKeyDictionary()  # key codec -> (compiled decode partial, value codec, sink tokens): see `KVQuantCache._decode_partial`
+
 @register_cache_class
 class KVQuantCache(VQCache):
     """A `VQCache` whose keys are stored **before RoPE** (KVQuant §3.2): `update_and_fetch` undoes the layer's RoPE
     (`veloxquant.rope.invert_rope` at the tokens' positions; the spec handed over by `use_rope` from the builder, kept
     in `state` as JSON) before the keys reach the sinks, the window and the codes; `attend` re-applies it to every key
     at its own position (the sinks at 0.., the codes after them, then the window) and attends with
-    `blockwise_attention` (the current step's own keys as the model rotated them). No fused kernel, compiled or decoded
-    prefill path. `ValueError` on an update before `use_rope`."""
+    `blockwise_attention` (the current step's own keys as the model rotated them). A decode step (one query, no mask)
+    takes the codes in one compiled partial (`_decode_partial`: decode, RoPE, scores, softmax and value mix over the
+    store's capacity, slots past its length masked; `compiled_steps = False` walks 256-token blocks as prefill chunks
+    do). No fused kernel or decoded prefill path. `ValueError` on an update before `use_rope`."""
     window_buffer = False
+    compiled_steps = True  # decode steps over the codes through `_decode_partial` (False: the 256-token reference blocks)
     def use_rope(self, spec: rope.RopeSpec) -> None:
         "The layer's RoPE (`veloxquant.rope.RopeSpec`), set by `KVCacheBuilder.for_model`."
         if not isinstance(spec, rope.RopeSpec): raise ValueError(f"use_rope needs a veloxquant.rope.RopeSpec, got {type(spec).__name__}")
@@ -391,13 +407,33 @@ class KVQuantCache(VQCache):
                 k = rope.apply_rope(spec, self.k_codec.decode(self.k_store.slice(s, e)), ns + s)
                 return q @ mx.expand_dims(k, 2).swapaxes(-1, -2)
             yield scores, (lambda p, s=s, e=e: self.v_codec.mix(p, self.v_store.slice(s, e))), e - s
+    def _decode_partial(self):
+        """The codes' share of a decode step, compiled once per cache (its codecs' arrays are this layer's constants;
+        traced again when the store's capacity grows, every `TokenStore.step` tokens): `fn(q [B, Hkv, rep, 1, D] float32,
+        scaled) -> (m, l, acc)`, the `Partial` of `blockwise_attention` (one chunk: m, l [B, Hkv, rep, 1, 1], acc
+        [B, Hkv, rep, 1, 1, Dv]). Keys decoded and RoPE'd at positions n_sink + 0.. over the whole capacity, slots at or past
+        the store's length masked out; a transient of one layer's history, freed after the step."""
+        kc, vc, ns = self.k_codec, self.v_codec, self.n_sink
+        memo = _STEPS.get(kc)  # keyed by the key codec (not an attribute: caches stay deep-copyable, as mlx-lm's server copies them)
+        if memo is None or memo[1] is not vc or memo[2] != ns:  # first step, or more sink tokens since (a short prompt)
+            spec = self._spec()
+            def part(q, kb, vb, n):
+                k = rope.apply_rope(spec, kc.decode(kb), ns)
+                s = q @ mx.expand_dims(k, 2).swapaxes(-1, -2)
+                s = mx.where(mx.arange(s.shape[-1]) < n, s, -1e30)
+                m = s.max(-1, keepdims=True); p = mx.exp(s - m)
+                return m, p.sum(-1, keepdims=True), mx.expand_dims(vc.mix(p, vb), -2)
+            memo = _STEPS[kc] = (mx.compile(part), vc, ns)
+        f = memo[0]
+        return lambda q: f(q, self.k_store.arrays, self.v_store.arrays, mx.array(self.k_store.length, mx.int32))
     def attend(self, queries, keys, values, scale, mask, sinks=None):
         spec, n, ns = self._spec(), self.k_store.length, self.n_sink
         ek, ev = keys, values
         if self.k_exact is not None:   # the window (pre-RoPE, positions ns + n ..), then this step's keys as rotated
             ek = mx.concatenate([rope.apply_rope(spec, self.k_exact.astype(mx.float32), ns + n).astype(keys.dtype), keys], axis=2)
             ev = mx.concatenate([self.v_exact.astype(values.dtype), values], axis=2)
-        blocks = self._code_blocks(256)
+        one = queries.shape[2] == 1 and (mask is None or isinstance(mask, str))  # a decode step: no mask over the history
+        blocks = [Partial(self._decode_partial(), n)] if self.compiled_steps and one and n else self._code_blocks(256)
         if ns:
             sk = rope.apply_rope(spec, self.k_sink.astype(mx.float32), 0)
             blocks = (b for part in (dense_blocks(sk, self.v_sink, ns), blocks) for b in part)
