@@ -416,9 +416,9 @@ class KVQuantCache(VQCache):
         kc, vc, ns = self.k_codec, self.v_codec, self.n_sink
         memo = _STEPS.get(kc)  # keyed by the key codec (not an attribute: caches stay deep-copyable, as mlx-lm's server copies them)
         if memo is None or memo[1] is not vc or memo[2] != ns:  # first step, or more sink tokens since (a short prompt)
-            spec = self._spec()
+            spec, kref = self._spec(), weakref.ref(kc)  # weak: the memo's value must not keep its key (the codec) alive
             def part(q, kb, vb, n):
-                k = rope.apply_rope(spec, kc.decode(kb), ns)
+                k = rope.apply_rope(spec, kref().decode(kb), ns)
                 s = q @ mx.expand_dims(k, 2).swapaxes(-1, -2)
                 s = mx.where(mx.arange(s.shape[-1]) < n, s, -1e30)
                 m = s.max(-1, keepdims=True); p = mx.exp(s - m)
