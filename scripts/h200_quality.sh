@@ -8,6 +8,12 @@
 set -uo pipefail
 source "$(dirname "$0")/h200_env.sh" || exit 1
 LIMIT=${LIMIT:-420}
+# the shards share 16 cores: one BLAS / OpenMP thread each (the numpy k-means of the calibrations)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+# a shard file that runs the model in float32 (--dtype float32) finds the folder prepared once here
+[ -n "${DTYPE:-}" ] && python3 -c "import veloxquant.models as m; m.prepare_default_model('$DTYPE')"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $OUT/versions.txt
+python3 -c "import mlx.core as mx, mlx_lm; print('mlx', mx.__version__, 'mlx-lm', mlx_lm.__version__, mx.default_device())" >> $OUT/versions.txt
 while IFS=$'\t' read -r name args; do
   [ -z "$name" ] && continue
   eval "timeout $LIMIT python3 scripts/quality_sweep.py $OUT/$name.jsonl $args" > $OUT/$name.log 2>&1 &

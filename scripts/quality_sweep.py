@@ -27,9 +27,18 @@ p.add_argument("--n-scored", type=int, default=1024); p.add_argument("--chunk", 
 p.add_argument("--niah", default=""); p.add_argument("--niah-depths", default="0.5"); p.add_argument("--niah-specs", default="")
 p.add_argument("--calib-tokens", type=int, default=4096)
 p.add_argument("--only", default="", help="comma-separated method ids: keep only their standard settings (with --standard)")
+p.add_argument("--max-bits", type=float, default=0.0,
+               help="a config with a non-zero mixed_width is first fitted to this bit budget: bits per element from nbytes after a "
+                    "prefill of the same tokens (the scored run ends at that length), mixed_width lowered and recalibrated until under")
+p.add_argument("--niah-scored", action="store_true", help="also run --niah on every scored config (as fitted)")
+p.add_argument("--dtype", default="", help="model dtype (default: the back-end's, float16 on a GPU, float32 on the CPU)")
 a = p.parse_args()
-model, tok = load_model()[:2]
-env = dict(device=str(mx.default_device()), dtype=default_dtype(), mlx=version("mlx"), mlx_lm=version("mlx-lm"),
+model, tok = load_model(dtype=a.dtype or None)[:2]
+if a.dtype == "float32":  # the prepared float32 folder; cast anything left (as load_model does on the CPU)
+    from mlx.utils import tree_map
+    model.update(tree_map(lambda x: x.astype(mx.float32) if isinstance(x, mx.array) and mx.issubdtype(x.dtype, mx.floating) else x,
+                          model.parameters()))
+env = dict(device=str(mx.default_device()), dtype=a.dtype or default_dtype(), mlx=version("mlx"), mlx_lm=version("mlx-lm"),
            host=platform.node(), date=time.strftime("%Y-%m-%d"))
 
 def write(rec):
@@ -55,9 +64,20 @@ ref = fp16_reference(model, tokens, a.n_scored, chunk=a.chunk)
 write(dict(method="fp16", label="fp16", context=a.context, n_scored=a.n_scored, chunk=a.chunk,
            nbytes=ref.run["report"]["nbytes"], bits_per_element=ref.run["report"]["bits_per_element"], kl_mean=0.0,
            delta_ppl_pct=0.0, top1_agreement=1.0, ppl=ref.ppl))
+def fit_bits(cfg):
+    "Lower `mixed_width` (recalibrating) until the bits per element after a prefill of the tokens are <= --max-bits."
+    for _ in range(8):
+        ensure_calibrated(cfg)
+        b = decode_run(model, cfg, tokens, 1, chunk=1, tokenizer=tok)["report"]["bits_per_element"]
+        write(dict(method=cfg.method, label=f"fit {config_label(cfg)}", config=cfg.to_dict(), bits_per_element=b))
+        if b <= a.max_bits: return cfg
+        d = cfg.to_dict(); d["mixed_width"] = round(d["mixed_width"] - max(0.01, 1.02 * (b - a.max_bits)), 3)
+        cfg = vq.KVCacheConfig.from_dict(d)
+    raise RuntimeError(f"no mixed_width under {a.max_bits} bits in 8 steps")
 for cfg in cfgs:
     if cfg.method == "fp16": continue
     try:
+        if a.max_bits and getattr(cfg.options, "mixed_width", 0): cfg = fit_bits(cfg)
         ensure_calibrated(cfg)
         run = decode_run(model, cfg, tokens, a.n_scored, chunk=a.chunk, tokenizer=tok)
         q, rep = compare_to_reference(ref, run), run["report"]
@@ -65,6 +85,10 @@ for cfg in cfgs:
                    chunk=a.chunk, nbytes=rep["nbytes"], bits_per_element=rep["bits_per_element"],
                    layer_nbytes=run["layer_nbytes"], peak_memory_mb=run["peak_memory_mb"], scoring_tps=run["scoring_tps"],
                    prefill_tps=run["prefill_tps"], **q))
+        if a.niah and a.niah_scored:
+            rows = niah(model, tok, cfg, [int(x) for x in a.niah.split(",")], [float(x) for x in a.niah_depths.split(",")])
+            write(dict(method=cfg.method, label=config_label(cfg), config=cfg.to_dict(), niah=rows,
+                       niah_accuracy=float(np.mean([r["correct"] for r in rows]))))
     except Exception as e:
         write(dict(method=cfg.method, label=config_label(cfg), error=f"{type(e).__name__}: {str(e)[:300]}",
                    trace=traceback.format_exc()[-800:]))

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_quant.ipynb #21267ef2
 from __future__ import annotations
-import functools, hashlib, json, math
+import functools, hashlib, json, math, os
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -138,7 +138,7 @@ def _checksum(tensors: dict, meta: dict | None = None) -> str:
     return h.hexdigest()
 
 def save_artifact(tensors: dict, path, format: str, metadata: dict | None = None) -> Path:
-    """Write numpy `tensors` as safetensors (atomic rename) with `format` and string `metadata` in its header and a
+    """Write numpy `tensors` as safetensors (atomic rename of a per-process temporary file) with `format` and string `metadata` in its header and a
     sha256 (`_checksum`) of the tensors and the metadata together: a changed tensor byte or metadata value is detected.
     The one checked-artifact writer of the package (codebooks here, calibration artifacts in `veloxquant.calibrate`)."""
     from safetensors.numpy import save_file
@@ -146,7 +146,7 @@ def save_artifact(tensors: dict, path, format: str, metadata: dict | None = None
     for k in ("format", "sha256"):
         if k in meta: raise ValueError(f"metadata key {k!r} is reserved")
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per process: concurrent writers of one artifact do not collide
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp),
               metadata={**meta, "format": format, "sha256": _checksum(tensors, meta)})
     tmp.replace(path)
