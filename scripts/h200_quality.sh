@@ -20,3 +20,6 @@ while IFS=$'\t' read -r name args; do
 done < "$1"
 wait
 tail -n 3 $OUT/*.log
+# at most 8 files come back from the device: one JSON-lines file and one log for all the shards
+for f in $OUT/*.jsonl; do n=$(basename $f .jsonl); sed "s/^{/{\"shard\": \"$n\", /" $f; done > $OUT/all.records && rm $OUT/*.jsonl && mv $OUT/all.records $OUT/records.jsonl
+for f in $OUT/*.log; do echo "== $f"; cat $f; done > $OUT/all.logs && rm $OUT/*.log && mv $OUT/all.logs $OUT/shards.log
