@@ -31,6 +31,7 @@ p.add_argument("--max-bits", type=float, default=0.0,
                help="a config with a non-zero mixed_width is first fitted to this bit budget: bits per element from nbytes after a "
                     "prefill of the same tokens (the scored run ends at that length), mixed_width lowered and recalibrated until under")
 p.add_argument("--niah-scored", action="store_true", help="also run --niah on every scored config (as fitted)")
+p.add_argument("--offset", type=int, default=0, help="first token of the evaluation window in the eval split (0: its start)")
 p.add_argument("--dtype", default="", help="model dtype (default: the back-end's, float16 on a GPU, float32 on the CPU)")
 a = p.parse_args()
 model, tok = load_model(dtype=a.dtype or None)[:2]
@@ -59,9 +60,9 @@ def ensure_calibrated(cfg):  # one artifact per method and the settings it is ke
                    artifact_bytes=path.stat().st_size))
     except Exception as e: write(dict(method=cfg.method, label=f"calibrate {config_label(cfg)}", error=f"{type(e).__name__}: {e}"))
 
-tokens = with_bos(tok, eval_tokens(tok, a.context))
+tokens = with_bos(tok, eval_tokens(tok, a.context, offset=a.offset))
 ref = fp16_reference(model, tokens, a.n_scored, chunk=a.chunk)
-write(dict(method="fp16", label="fp16", context=a.context, n_scored=a.n_scored, chunk=a.chunk,
+write(dict(method="fp16", label="fp16", context=a.context, offset=a.offset, n_scored=a.n_scored, chunk=a.chunk,
            nbytes=ref.run["report"]["nbytes"], bits_per_element=ref.run["report"]["bits_per_element"], kl_mean=0.0,
            delta_ppl_pct=0.0, top1_agreement=1.0, ppl=ref.ppl))
 def fit_bits(cfg):
@@ -81,7 +82,7 @@ for cfg in cfgs:
         ensure_calibrated(cfg)
         run = decode_run(model, cfg, tokens, a.n_scored, chunk=a.chunk, tokenizer=tok)
         q, rep = compare_to_reference(ref, run), run["report"]
-        write(dict(method=cfg.method, label=config_label(cfg), config=cfg.to_dict(), context=a.context, n_scored=a.n_scored,
+        write(dict(method=cfg.method, label=config_label(cfg), config=cfg.to_dict(), context=a.context, offset=a.offset, n_scored=a.n_scored,
                    chunk=a.chunk, nbytes=rep["nbytes"], bits_per_element=rep["bits_per_element"],
                    layer_nbytes=run["layer_nbytes"], peak_memory_mb=run["peak_memory_mb"], scoring_tps=run["scoring_tps"],
                    prefill_tps=run["prefill_tps"], **q))
