@@ -18,9 +18,9 @@ import veloxquant.rope as rope
 from .attention import install
 
 # %% auto #0
-__all__ = ['CALIB_FORMAT', 'COLLECT', 'FISHER', 'Calibration', 'register_calibration', 'calibration_of', 'layer_key',
-           'settings_of', 'model_fingerprint', 'calibration_tokens', 'RecordingMixin', 'recorders', 'fisher_pass',
-           'artifact_path', 'calibrate', 'load_calibration', 'layer_configs', 'layer_tensors']
+__all__ = ['CALIB_FORMAT', 'COLLECT', 'FISHER', 'KL_PROBE_TOKENS', 'Calibration', 'register_calibration', 'calibration_of',
+           'layer_key', 'settings_of', 'model_fingerprint', 'calibration_tokens', 'RecordingMixin', 'recorders',
+           'fisher_pass', 'KLProbe', 'artifact_path', 'calibrate', 'load_calibration', 'layer_configs', 'layer_tensors']
 
 # %% ../nbs/06b_calibrate.ipynb #0c2672ff
 CALIB_FORMAT = "veloxquant-calibration-v1"
@@ -32,26 +32,29 @@ FISHER = ("key_fisher", "pre_rope_key_fisher", "value_fisher")
 class Calibration:
     """A method's registered calibration: `fn(samples, options) -> tensors`, the config `fields` it depends on, what to
     `collect`; `optional` fields (a subset of `fields`) enter the settings only when set (truthy), so that a field added
-    later keeps the artifacts made before it valid."""
+    later keeps the artifacts made before it valid; `probe` True: `fn` also takes `probe=`, a `KLProbe` of the model on
+    the calibration text (measured sensitivities)."""
     method: str
     fn: Callable
     fields: tuple = ()
     collect: tuple = ("keys",)
     optional: tuple = ()
+    probe: bool = False
 
 _CALIBRATIONS: dict[str, Calibration] = {}
 
-def register_calibration(method: str, fn: Callable, fields=(), collect=("keys",), optional=()) -> Calibration:
+def register_calibration(method: str, fn: Callable, fields=(), collect=("keys",), optional=(), probe: bool = False) -> Calibration:
     """Register the calibration of `method` (called by the method's module at import). `fn(samples, options)`:
     `samples` a list (one per attention layer) of dicts holding the `collect`ed activations as float32 numpy
     (`keys`/`values`/`pre_rope_keys` and their `*_fisher` [n_kv_heads, N, head_dim], `queries` [n_heads, N, head_dim]); `options` the method's config
     dataclass; returns `dict[str, np.ndarray]` (per-layer tensors named with `layer_key`). `fields`: the config
     fields the artifact depends on; `optional`: those of them that count only when set (truthy; an option added after
-    artifacts were made). `ValueError` for an unknown entry of `collect` or an `optional` field not in `fields`."""
+    artifacts were made). `probe`: `fn(samples, options, probe=KLProbe)` (`KLProbe`: the KL divergence that perturbing
+    chosen layers' keys / values causes, measured with the model; built lazily, so unused it costs nothing). `ValueError` for an unknown entry of `collect` or an `optional` field not in `fields`."""
     bad = [c for c in collect if c not in COLLECT]
     if bad or not collect: raise ValueError(f"collect={tuple(collect)!r}: allowed entries {list(COLLECT)}, at least one")
     if not set(optional) <= set(fields): raise ValueError(f"optional={tuple(optional)!r} must be among fields={tuple(fields)!r}")
-    cal = Calibration(method, fn, tuple(fields), tuple(collect), tuple(optional))
+    cal = Calibration(method, fn, tuple(fields), tuple(collect), tuple(optional), bool(probe))
     _CALIBRATIONS[method] = cal
     return cal
 
@@ -156,6 +159,72 @@ def fisher_pass(model, ids, recs) -> list[dict]:
         out.append(d)
     return out
 
+KL_PROBE_TOKENS = 2048  # calibration tokens a `KLProbe` measures on (its reference log-probabilities: 4 bytes x vocabulary a token)
+
+class KLProbe:
+    """Measured sensitivity: the KL divergence KL(p || q) (nats per token, the mean over tokens) of the model's next-token
+    distribution q when chosen layers' keys / values are perturbed by given errors, against the unperturbed model's p,
+    on the first `tokens` (default `KL_PROBE_TOKENS`) calibration tokens `ids`, in windows of `window` tokens each from an
+    empty cache (as `calibrate` collects its samples, so a sample's token n is the probe's token n). Every layer's cache is a
+    `_GradCache` that adds its error (zero elsewhere); the model attends with mlx-lm's own attention.
+
+    `probe({layer: {name: error}})` → float: `name` one of `keys` (post-RoPE, as the cache receives them),
+    `pre_rope_keys` (RoPE applied to the error at the window's positions: RoPE is linear) or `values`; `error` float32
+    numpy or mlx [n_kv_heads, N, head_dim] over N ≥ `n_tokens` calibration tokens (only the first `n_tokens` are used).
+    An error x̂ − x of a quantizer makes this the KL that quantizing that layer alone causes: a per-layer sensitivity
+    measured end to end, where KVQuant's (arXiv 2401.18079 §3.3) Fisher estimate ½ Σ F (x − x̂)² is its diagonal
+    second-order approximation. The reference log-probabilities (float32, `n_tokens` × vocabulary) are computed at the
+    first call and kept. `evaluations` counts the calls. `ValueError` for an unknown name or an error of the wrong shape."""
+    def __init__(self, model, ids, window: int = 1024, tokens: int | None = None):
+        self.model, self.window = model, int(window)
+        self.n_tokens = min(len(ids), int(tokens or KL_PROBE_TOKENS))
+        self.ids = [int(t) for t in list(ids)[:self.n_tokens]]
+        self.key = (model_fingerprint(model), hashlib.sha256(np.asarray(self.ids, np.int64).tobytes()).hexdigest(), self.window)
+        self._ref, self._layers, self.evaluations = None, None, 0
+    def _windows(self): return [(s, min(s + self.window, self.n_tokens)) for s in range(0, self.n_tokens, self.window)]
+    def _logprobs(self, s, e, errors):
+        x = mx.array(self.ids[s:e])[None]
+        caches = []
+        for i, (spec, w) in enumerate(self._layers):
+            d = errors.get(i, {})
+            dk = d.get("keys"); dv = d.get("values"); pk = d.get("pre_rope_keys")
+            dk = mx.array(dk[:, s:e])[None] if dk is not None else None
+            if pk is not None:
+                if spec is None: raise ValueError(f"layer {i} has no RoPE: use 'keys', not 'pre_rope_keys'")
+                r = rope.apply_rope(spec, mx.array(pk[:, s:e])[None].astype(mx.float32), 0)
+                dk = r if dk is None else dk + r
+            dv = mx.array(dv[:, s:e])[None] if dv is not None else None
+            caches.append(_GradCache(dk if dk is not None else mx.array(0.0), dv if dv is not None else mx.array(0.0), w))
+        logits = self.model(x, cache=caches).astype(mx.float32)[0]
+        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    def __call__(self, errors: dict) -> float:
+        if self._layers is None:
+            recs = recorders(self.model, ("keys",))
+            layers = self.model.layers if hasattr(self.model, "layers") else self.model.model.layers
+            specs = []
+            for l in layers:
+                try: specs.append(rope.layer_rope(l))
+                except ValueError: specs.append(None)
+            wins = [getattr(r, "max_size", None) if type(r).__name__.startswith("RecordingRotating") else None for r in recs]
+            self._layers = list(zip(specs, wins))
+        for i, d in errors.items():
+            if not 0 <= i < len(self._layers): raise ValueError(f"layer {i} is out of range [0, {len(self._layers) - 1}]")
+            for name, a in d.items():
+                if name not in ("keys", "pre_rope_keys", "values"):
+                    raise ValueError(f"error name {name!r}: allowed 'keys', 'pre_rope_keys', 'values'")
+                if a is not None and (a.ndim != 3 or a.shape[1] < self.n_tokens):
+                    raise ValueError(f"layer {i} {name} error has shape {tuple(a.shape)}: needs [n_kv_heads, >= {self.n_tokens}, head_dim]")
+        if self._ref is None:
+            self._ref = [self._logprobs(s, e, {}) for s, e in self._windows()]
+            mx.eval(self._ref)
+        total = mx.array(0.0)
+        for (s, e), lp in zip(self._windows(), self._ref):
+            lq = self._logprobs(s, e, errors)
+            total = total + (mx.exp(lp) * (lp - lq)).sum()
+            mx.eval(total)
+        self.evaluations += 1
+        return float(total.item()) / self.n_tokens
+
 # %% ../nbs/06b_calibrate.ipynb #1c1fffae
 def artifact_path(method: str, options, fingerprint: str, root=None) -> Path:
     "Where the artifact of `method` with `options`' settings for the model `fingerprint` lives (default root: `cache_dir()/calibration`)."
@@ -217,7 +286,8 @@ def calibrate(method, model=None, tokens: int | list = 4096, window: int = 1024,
         n_kv = int(recs[0].keys.shape[1])
         _SAMPLES.update(key=key, samples=samples, dims=dims, n_kv=n_kv)
     n_layers = len(samples)
-    tensors = {k: np.ascontiguousarray(v) for k, v in cal.fn(samples, config.options).items()}
+    kw = dict(probe=KLProbe(model, ids, window)) if cal.probe else {}
+    tensors = {k: np.ascontiguousarray(v) for k, v in cal.fn(samples, config.options, **kw).items()}
     meta = dict(method=config.method, settings=json.dumps(settings_of(config.method, config.options), sort_keys=True),
                 fingerprint=fp, head_dims=json.dumps(dims), n_layers=n_layers, n_kv_heads=n_kv,
                 tokens=len(ids), seconds=round(time.time() - t0, 3))

@@ -44,7 +44,9 @@ class KVQuantConfig(MethodConfig):
     rotated domain: bits + 16/D bits per element, no value outliers (`value_outliers` must be 0); attention mixes in
     the rotated domain and rotates back). `max_width` (default 0: widths up to 4, as the paper; else 5–8, with `mixed`):
     the widest code `mixed` may give a layer's keys or values (5–7-bit codes are stored as a 4-bit and a 1–3-bit
-    packed part)."""
+    packed part). `kl_widths` (default False; True, with `mixed`): the widths are allocated by the KL divergence each layer's
+    keys / values at each width cause when quantized alone, measured with the model on the calibration text
+    (`veloxquant.calibrate.KLProbe`), instead of the Fisher estimate (not in the paper: its end-to-end counterpart)."""
     token_grouped = True  # not a field: sliding layers (bounded anyway) keep their tokens in fp16 (`veloxquant.sliding`)
     key_bits: int = 3
     value_bits: int = 3
@@ -60,6 +62,7 @@ class KVQuantConfig(MethodConfig):
     mixed_width: float = 0.0
     value_rotation: bool = False
     max_width: int = 0
+    kl_widths: bool = False
     def validate(self):
         check_choice("key_bits", self.key_bits, KVQ_BITS); check_choice("value_bits", self.value_bits, KVQ_BITS)
         check_int("key_outliers", self.key_outliers, 0, 8); check_int("value_outliers", self.value_outliers, 0, 8)
@@ -72,6 +75,8 @@ class KVQuantConfig(MethodConfig):
             raise ValueError(f"mixed_width={self.mixed_width!r} must be a number")
         check_choice("max_width", self.max_width, (0, 4, 5, 6, 7, 8))
         if self.max_width and not self.mixed: raise ValueError(f"max_width={self.max_width} needs mixed=True")
+        check_bool("kl_widths", self.kl_widths)
+        if self.kl_widths and not self.mixed: raise ValueError("kl_widths=True needs mixed=True (it allocates the mixed widths)")
         lo, hi = (min(3, self.key_bits) + 2) / 2, max(4, self.max_width)
         if self.mixed_width and not (self.mixed and lo <= self.mixed_width <= hi):
             raise ValueError(f"mixed_width={self.mixed_width!r} is out of range: 0 (off), or with mixed=True a value in [{lo}, {hi}]")
@@ -189,7 +194,28 @@ def allocate_widths(err, total: int, floors, top: int = 4) -> list[int]:
         if a == d or g - c <= 1e-12 * max(abs(g), 1e-30): return w
         w[a] += 1; w[d] -= 1
 
-def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
+_KL_MEMO: dict = {}  # the last measured rows: (probe key, settings but mixed_width) -> per-layer KL rows (refits at other totals reuse them)
+
+def _kl_row(i, s, K, V, center, radius, lv, options, top, probe) -> np.ndarray:
+    """Measured sensitivities of layer i: float32 [2, top − 1], the KL (nats per token, `probe`) of the model with only this
+    layer's keys (row 0) or values (row 1) coded at widths 2 .. top by this calibration's codecs (NaN: not fitted). Errors
+    x̂ − x over the probe's tokens, zero at a window's first token (an fp16 sink in the cache)."""
+    n = probe.n_tokens
+    sink = (np.asarray(s["positions"])[:n] == 0) if "positions" in s else np.zeros(n, bool)
+    row = np.full((2, top - 1), np.nan, np.float32)
+    kx, vx = mx.array(K[None, :, :n]), mx.array(V[None, :, :n])
+    for b in range(min(3, options.key_bits), top + 1):
+        c = KVQuantKeyCodec(K.shape[-1], b, options.key_outliers, center, radius, lv["key", b])
+        e = np.array(c.decode(c.encode(kx))[0]) - K[:, :n]; e[:, sink] = 0
+        row[0, b - 2] = probe({i: {"pre_rope_keys": e}})
+    for b in range(2, top + 1):
+        c = (KVQuantRotValueCodec(V.shape[-1], b, lv["value", b]) if options.value_rotation else
+             KVQuantValueCodec(V.shape[-1], b, options.value_outliers, lv["value", b]))
+        e = np.array(c.decode(c.encode(vx))[0]) - V[:, :n]; e[:, sink] = 0
+        row[1, b - 2] = probe({i: {"values": e}})
+    return row
+
+def kvquant_calibration(samples, options, cap: int = 1 << 19, probe=None) -> dict:
     """Per layer, from pre-RoPE keys, values and their Fisher information (`veloxquant.calibrate` samples): the keys'
     per-channel range `key_center`, `key_radius` float32 [H, D] (the channel's quantiles at q and 1 − q, q = half the
     outlier fraction key_outliers / D, so that about that fraction lies outside: KVQuant's per-channel outlier
@@ -202,12 +228,21 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
     outliers exact; the first token of each calibration window left out: the cache keeps it in fp16, `sinks` ≥ 1), `allocate_widths` picks the widths at the uniform setting's total, and each layer stores the
     levels of its widths plus `sensitivity` float32 [2, top − 1] (keys / values × widths 2 .. top, top = `max_width` or 4; NaN: not fitted) and
     `widths` int32 [2]; `options.mixed_width` (non-zero) sets the total to round(2 · L · mixed_width) slot-bits instead.
+    `options.kl_widths`: `sensitivity` holds instead the KL (nats per token) that each layer's keys / values at each width
+    cause when coded alone, measured with the model by `probe` (`veloxquant.calibrate.KLProbe`, given by `calibrate`;
+    `_kl_row`), and the widths are allocated on it. `ValueError` when it is set without a probe.
 
     `options.value_rotation`: the value levels are fitted to the rotated, per-token scaled values z = x R / s
     (`_value_rot`, R the randomized Hadamard rotation `veloxquant.quant.rotation('hadamard', D)`), unclipped, each entry
     weighted by s² · mean_i F_i (the diagonal of Rᵀ diag(F) R is mean_i F_i for a Hadamard R, |R_ij| = 1/√D: the loss
     ½ Σ F (x − x̂)² in the rotated domain, off-diagonal terms dropped)."""
     mixed = bool(getattr(options, "mixed", False)); vrot = bool(getattr(options, "value_rotation", False))
+    kl = mixed and bool(getattr(options, "kl_widths", False))
+    if kl and probe is None: raise ValueError("kl_widths=True measures KL with the model: run it through veloxquant.calibrate.calibrate")
+    if kl:
+        mkey = (probe.key, json.dumps({f: getattr(options, f) for f in CALIBRATION.fields if f != "mixed_width"}, sort_keys=True))
+        memo = _KL_MEMO.get(mkey)
+        if memo is None: _KL_MEMO.clear()
     top = int(getattr(options, "max_width", 0) or 4)
     fits, sens = [], []
     out = {}
@@ -249,8 +284,10 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
                 if mixed:  # the estimated loss of this width: ½ Σ F (scale · (z − level))², scaled to all entries, per token
                     z1, s1 = z0[keep][sel], scales[j][keep][sel]
                     row[j, b - 2] = 0.5 * (fk * (s1 * (z1 - c[nearest(z1, c)])) ** 2).sum() * (keep.sum() / sel.size) / N
+        if kl: row = memo[i].copy() if memo is not None else _kl_row(i, s, K, V, center, radius, lv, options, top, probe)
         fits.append(lv); sens.append(row)
         out[calibrate.layer_key(i, "key_center")] = center; out[calibrate.layer_key(i, "key_radius")] = radius
+    if kl and memo is None: _KL_MEMO[mkey] = [r.copy() for r in sens]
     if mixed:
         L = len(samples)
         err = [{b: float(sens[i][0, b - 2]) for b in range(min(3, options.key_bits), top + 1)} for i in range(L)] + \
@@ -272,8 +309,9 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19) -> dict:
 
 CALIBRATION = calibrate.register_calibration(
     "kvquant", kvquant_calibration, fields=("key_bits", "value_bits", "key_outliers", "value_outliers", "fisher", "qnorm", "mixed",
-                                          "mixed_width", "value_rotation", "max_width"),
-    collect=("pre_rope_keys", "values", "pre_rope_key_fisher", "value_fisher"), optional=("mixed", "mixed_width", "value_rotation", "max_width"))
+                                          "mixed_width", "value_rotation", "max_width", "kl_widths"),
+    collect=("pre_rope_keys", "values", "pre_rope_key_fisher", "value_fisher"),
+    optional=("mixed", "mixed_width", "value_rotation", "max_width", "kl_widths"), probe=True)
 
 # %% ../../nbs/methods/kvquant.ipynb #3a4f7992
 def _codes(z, levels):
