@@ -33,28 +33,32 @@ class Calibration:
     """A method's registered calibration: `fn(samples, options) -> tensors`, the config `fields` it depends on, what to
     `collect`; `optional` fields (a subset of `fields`) enter the settings only when set (truthy), so that a field added
     later keeps the artifacts made before it valid; `probe` True: `fn` also takes `probe=`, a `KLProbe` of the model on
-    the calibration text (measured sensitivities)."""
+    the calibration text (measured sensitivities); `extra(options) -> dict`: settings that count only in some
+    configurations (e.g. the recent window a probe measured with)."""
     method: str
     fn: Callable
     fields: tuple = ()
     collect: tuple = ("keys",)
     optional: tuple = ()
     probe: bool = False
+    extra: Callable | None = None
 
 _CALIBRATIONS: dict[str, Calibration] = {}
 
-def register_calibration(method: str, fn: Callable, fields=(), collect=("keys",), optional=(), probe: bool = False) -> Calibration:
+def register_calibration(method: str, fn: Callable, fields=(), collect=("keys",), optional=(), probe: bool = False,
+                         extra: Callable | None = None) -> Calibration:
     """Register the calibration of `method` (called by the method's module at import). `fn(samples, options)`:
     `samples` a list (one per attention layer) of dicts holding the `collect`ed activations as float32 numpy
     (`keys`/`values`/`pre_rope_keys` and their `*_fisher` [n_kv_heads, N, head_dim], `queries` [n_heads, N, head_dim]); `options` the method's config
     dataclass; returns `dict[str, np.ndarray]` (per-layer tensors named with `layer_key`). `fields`: the config
     fields the artifact depends on; `optional`: those of them that count only when set (truthy; an option added after
     artifacts were made). `probe`: `fn(samples, options, probe=KLProbe)` (`KLProbe`: the KL divergence that perturbing
-    chosen layers' keys / values causes, measured with the model; built lazily, so unused it costs nothing). `ValueError` for an unknown entry of `collect` or an `optional` field not in `fields`."""
+    chosen layers' keys / values causes, measured with the model; built lazily, so unused it costs nothing). `extra(options) -> dict`: more settings the artifact is keyed by,
+    where the configuration needs them (fields outside `fields`, e.g. a window a probe measured with). `ValueError` for an unknown entry of `collect` or an `optional` field not in `fields`."""
     bad = [c for c in collect if c not in COLLECT]
     if bad or not collect: raise ValueError(f"collect={tuple(collect)!r}: allowed entries {list(COLLECT)}, at least one")
     if not set(optional) <= set(fields): raise ValueError(f"optional={tuple(optional)!r} must be among fields={tuple(fields)!r}")
-    cal = Calibration(method, fn, tuple(fields), tuple(collect), tuple(optional), bool(probe))
+    cal = Calibration(method, fn, tuple(fields), tuple(collect), tuple(optional), bool(probe), extra)
     _CALIBRATIONS[method] = cal
     return cal
 
@@ -66,9 +70,10 @@ def calibration_of(method: str) -> Calibration | None:
 def layer_key(layer: int, name: str) -> str: return f"layer{layer}/{name}"
 
 def settings_of(method: str, options) -> dict:
-    "The settings an artifact is keyed by: the values of the registered `fields` of `options` (`optional` ones only when set)."
+    "The settings an artifact is keyed by: the values of the registered `fields` of `options` (`optional` ones only when set), and `extra(options)`."
     cal = _CALIBRATIONS[method]
-    return {f: getattr(options, f) for f in cal.fields if f not in cal.optional or getattr(options, f)}
+    out = {f: getattr(options, f) for f in cal.fields if f not in cal.optional or getattr(options, f)}
+    return {**out, **(cal.extra(options) if cal.extra is not None else {})}
 
 # %% ../nbs/06b_calibrate.ipynb #a2d9f3a4
 def model_fingerprint(model) -> str:
@@ -161,20 +166,54 @@ def fisher_pass(model, ids, recs) -> list[dict]:
 
 KL_PROBE_TOKENS = 2048  # calibration tokens a `KLProbe` measures on (its reference log-probabilities: 4 bytes x vocabulary a token)
 
+class _ProbeCache(_GradCache):
+    """One window's stand-in cache for `KLProbe`: attends itself (`attention.dispatch`) with the errors `dk`, `dv`
+    ([1, n_kv_heads, T, head_dim] or None) on the keys / values more than `recent` tokens behind each query (−1: on every
+    key, the query's own included), exact elsewhere, as a cache with an exact recent window sees its history."""
+    attends_itself = True
+    def __init__(self, dk, dv, recent: int, window_size=None):
+        super().__init__(dk, dv, window_size); self.recent = recent
+    def update_and_fetch(self, keys, values):
+        self.offset += keys.shape[2]
+        return keys, values
+    def attend(self, queries, keys, values, scale, mask, sinks=None):
+        if self.dk is None and self.dv is None:
+            return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+        B, Hq, T, D = queries.shape; Hkv, Dv = keys.shape[1], values.shape[-1]; rep = Hq // Hkv
+        f32 = mx.float32
+        q = queries.astype(f32).reshape(B, Hkv, rep, T, D) * scale
+        k, v = keys.astype(f32)[:, :, None], values.astype(f32)[:, :, None]
+        i, j = mx.arange(T)[:, None], mx.arange(T)[None]
+        exact = (i - j) <= self.recent
+        s = q @ k.swapaxes(-1, -2)
+        if self.dk is not None: s = mx.where(exact, s, q @ (k + self.dk.astype(f32)[:, :, None]).swapaxes(-1, -2))
+        seen = j <= i
+        if self.window_size: seen = seen & ((i - j) < self.window_size)
+        s = mx.where(seen, s, -mx.inf)
+        if sinks is not None:  # per-head sink logits (gpt-oss): one more column, dropped after the softmax
+            sk = mx.broadcast_to(sinks.astype(f32).reshape(1, Hkv, rep, 1, 1), (B, Hkv, rep, T, 1))
+            p = mx.softmax(mx.concatenate([s, sk], -1), axis=-1)[..., :-1]
+        else: p = mx.softmax(s, axis=-1)
+        out = p @ v
+        if self.dv is not None: out = out + (p * (~exact)) @ self.dv.astype(f32)[:, :, None]
+        return out.reshape(B, Hq, T, Dv).astype(queries.dtype)
+
 class KLProbe:
     """Measured sensitivity: the KL divergence KL(p || q) (nats per token, the mean over tokens) of the model's next-token
-    distribution q when chosen layers' keys / values are perturbed by given errors, against the unperturbed model's p,
-    on the first `tokens` (default `KL_PROBE_TOKENS`) calibration tokens `ids`, in windows of `window` tokens each from an
-    empty cache (as `calibrate` collects its samples, so a sample's token n is the probe's token n). Every layer's cache is a
-    `_GradCache` that adds its error (zero elsewhere); the model attends with mlx-lm's own attention.
+    distribution q when chosen layers' keys / values carry given errors, against the unperturbed model's p, on the first
+    `tokens` (default `KL_PROBE_TOKENS`) calibration tokens `ids`, in windows of `window` tokens each from an empty cache
+    (as `calibrate` collects its samples, so a sample's token n is the probe's token n). A perturbed layer attends in
+    `_ProbeCache` (the errors on the keys / values more than `recent` tokens behind each query: a cache's exact recent
+    window of `recent` tokens plus the step's own token); the other layers with mlx-lm's own attention.
 
-    `probe({layer: {name: error}})` → float: `name` one of `keys` (post-RoPE, as the cache receives them),
+    `probe({layer: {name: error}}, recent=0)` → float: `name` one of `keys` (post-RoPE, as the cache receives them),
     `pre_rope_keys` (RoPE applied to the error at the window's positions: RoPE is linear) or `values`; `error` float32
-    numpy or mlx [n_kv_heads, N, head_dim] over N ≥ `n_tokens` calibration tokens (only the first `n_tokens` are used).
-    An error x̂ − x of a quantizer makes this the KL that quantizing that layer alone causes: a per-layer sensitivity
-    measured end to end, where KVQuant's (arXiv 2401.18079 §3.3) Fisher estimate ½ Σ F (x − x̂)² is its diagonal
-    second-order approximation. The reference log-probabilities (float32, `n_tokens` × vocabulary) are computed at the
-    first call and kept. `evaluations` counts the calls. `ValueError` for an unknown name or an error of the wrong shape."""
+    numpy or mlx [n_kv_heads, N, head_dim] over N ≥ `n_tokens` calibration tokens (only the first `n_tokens` are used);
+    `recent` ≥ −1 (−1: the errors on every key, the query's own too). An error x̂ − x of a quantizer makes this the KL
+    that quantizing that layer alone causes: a per-layer sensitivity measured end to end, where KVQuant's (arXiv
+    2401.18079 §3.3) Fisher estimate ½ Σ F (x − x̂)² is its diagonal second-order approximation. The reference
+    log-probabilities (float32, `n_tokens` × vocabulary) are computed at the first call and kept. `evaluations` counts
+    the calls. `ValueError` for an unknown name, a layer out of range, an error of the wrong shape or `recent` < −1."""
     def __init__(self, model, ids, window: int = 1024, tokens: int | None = None):
         self.model, self.window = model, int(window)
         self.n_tokens = min(len(ids), int(tokens or KL_PROBE_TOKENS))
@@ -182,22 +221,24 @@ class KLProbe:
         self.key = (model_fingerprint(model), hashlib.sha256(np.asarray(self.ids, np.int64).tobytes()).hexdigest(), self.window)
         self._ref, self._layers, self.evaluations = None, None, 0
     def _windows(self): return [(s, min(s + self.window, self.n_tokens)) for s in range(0, self.n_tokens, self.window)]
-    def _logprobs(self, s, e, errors):
+    def _logprobs(self, s, e, errors, recent):
         x = mx.array(self.ids[s:e])[None]
         caches = []
         for i, (spec, w) in enumerate(self._layers):
             d = errors.get(i, {})
-            dk = d.get("keys"); dv = d.get("values"); pk = d.get("pre_rope_keys")
+            dk, dv, pk = d.get("keys"), d.get("values"), d.get("pre_rope_keys")
             dk = mx.array(dk[:, s:e])[None] if dk is not None else None
             if pk is not None:
                 if spec is None: raise ValueError(f"layer {i} has no RoPE: use 'keys', not 'pre_rope_keys'")
                 r = rope.apply_rope(spec, mx.array(pk[:, s:e])[None].astype(mx.float32), 0)
                 dk = r if dk is None else dk + r
             dv = mx.array(dv[:, s:e])[None] if dv is not None else None
-            caches.append(_GradCache(dk if dk is not None else mx.array(0.0), dv if dv is not None else mx.array(0.0), w))
+            caches.append(_ProbeCache(dk, dv, recent, w))
         logits = self.model(x, cache=caches).astype(mx.float32)[0]
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    def __call__(self, errors: dict) -> float:
+    def __call__(self, errors: dict, recent: int = 0) -> float:
+        check_int("recent", recent, -1)
+        install()
         if self._layers is None:
             recs = recorders(self.model, ("keys",))
             layers = self.model.layers if hasattr(self.model, "layers") else self.model.model.layers
@@ -215,11 +256,11 @@ class KLProbe:
                 if a is not None and (a.ndim != 3 or a.shape[1] < self.n_tokens):
                     raise ValueError(f"layer {i} {name} error has shape {tuple(a.shape)}: needs [n_kv_heads, >= {self.n_tokens}, head_dim]")
         if self._ref is None:
-            self._ref = [self._logprobs(s, e, {}) for s, e in self._windows()]
+            self._ref = [self._logprobs(s, e, {}, 0) for s, e in self._windows()]
             mx.eval(self._ref)
         total = mx.array(0.0)
         for (s, e), lp in zip(self._windows(), self._ref):
-            lq = self._logprobs(s, e, errors)
+            lq = self._logprobs(s, e, errors, recent)
             total = total + (mx.exp(lp) * (lp - lq)).sum()
             mx.eval(total)
         self.evaluations += 1

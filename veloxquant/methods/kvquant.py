@@ -199,20 +199,21 @@ _KL_MEMO: dict = {}  # the last measured rows: (probe key, settings but mixed_wi
 def _kl_row(i, s, K, V, center, radius, lv, options, top, probe) -> np.ndarray:
     """Measured sensitivities of layer i: float32 [2, top − 1], the KL (nats per token, `probe`) of the model with only this
     layer's keys (row 0) or values (row 1) coded at widths 2 .. top by this calibration's codecs (NaN: not fitted). Errors
-    x̂ − x over the probe's tokens, zero at a window's first token (an fp16 sink in the cache)."""
+    x̂ − x over the probe's tokens, zero on a window's first `options.sinks` tokens (fp16 sinks in the cache), and the
+    probe keeps the `options.window` tokens behind each query exact (the cache's fp16 recent window)."""
     n = probe.n_tokens
-    sink = (np.asarray(s["positions"])[:n] == 0) if "positions" in s else np.zeros(n, bool)
+    sink = (np.asarray(s["positions"])[:n] < options.sinks) if "positions" in s else np.arange(n) < options.sinks
     row = np.full((2, top - 1), np.nan, np.float32)
     kx, vx = mx.array(K[None, :, :n]), mx.array(V[None, :, :n])
     for b in range(min(3, options.key_bits), top + 1):
         c = KVQuantKeyCodec(K.shape[-1], b, options.key_outliers, center, radius, lv["key", b])
         e = np.array(c.decode(c.encode(kx))[0]) - K[:, :n]; e[:, sink] = 0
-        row[0, b - 2] = probe({i: {"pre_rope_keys": e}})
+        row[0, b - 2] = probe({i: {"pre_rope_keys": e}}, recent=options.window)
     for b in range(2, top + 1):
         c = (KVQuantRotValueCodec(V.shape[-1], b, lv["value", b]) if options.value_rotation else
              KVQuantValueCodec(V.shape[-1], b, options.value_outliers, lv["value", b]))
         e = np.array(c.decode(c.encode(vx))[0]) - V[:, :n]; e[:, sink] = 0
-        row[1, b - 2] = probe({i: {"values": e}})
+        row[1, b - 2] = probe({i: {"values": e}}, recent=options.window)
     return row
 
 def kvquant_calibration(samples, options, cap: int = 1 << 19, probe=None) -> dict:
@@ -230,7 +231,8 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19, probe=None) -> dic
     `widths` int32 [2]; `options.mixed_width` (non-zero) sets the total to round(2 · L · mixed_width) slot-bits instead.
     `options.kl_widths`: `sensitivity` holds instead the KL (nats per token) that each layer's keys / values at each width
     cause when coded alone, measured with the model by `probe` (`veloxquant.calibrate.KLProbe`, given by `calibrate`;
-    `_kl_row`), and the widths are allocated on it. `ValueError` when it is set without a probe.
+    `_kl_row`: with the configuration's sinks and recent window exact, so the artifact is then keyed by `sinks` and
+    `window` too), and the widths are allocated on it. `ValueError` when it is set without a probe.
 
     `options.value_rotation`: the value levels are fitted to the rotated, per-token scaled values z = x R / s
     (`_value_rot`, R the randomized Hadamard rotation `veloxquant.quant.rotation('hadamard', D)`), unclipped, each entry
@@ -311,7 +313,8 @@ CALIBRATION = calibrate.register_calibration(
     "kvquant", kvquant_calibration, fields=("key_bits", "value_bits", "key_outliers", "value_outliers", "fisher", "qnorm", "mixed",
                                           "mixed_width", "value_rotation", "max_width", "kl_widths"),
     collect=("pre_rope_keys", "values", "pre_rope_key_fisher", "value_fisher"),
-    optional=("mixed", "mixed_width", "value_rotation", "max_width", "kl_widths"), probe=True)
+    optional=("mixed", "mixed_width", "value_rotation", "max_width", "kl_widths"), probe=True,
+    extra=lambda o: dict(sinks=o.sinks, window=o.window) if getattr(o, "kl_widths", False) else {})  # what the probe measured with
 
 # %% ../../nbs/methods/kvquant.ipynb #3a4f7992
 def _codes(z, levels):
