@@ -19,8 +19,8 @@ import veloxquant.rope as rope
 
 # %% auto #0
 __all__ = ['KVQ_BITS', 'CALIBRATION', 'METHOD', 'STANDARD_SETTINGS', 'KVQuantConfig', 'weighted_kmeans_1d', 'nearest', 'qnorm',
-           'allocate_widths', 'kvquant_calibration', 'KVQuantKeyCodec', 'KVQuantValueCodec', 'KVQuantRotValueCodec',
-           'KVQuantCache']
+           'allocate_widths', 'channel_levels', 'kvquant_calibration', 'KVQuantKeyCodec', 'KVQuantValueCodec',
+           'KVQuantRotValueCodec', 'KVQuantCache']
 
 # %% ../../nbs/methods/kvquant.ipynb #f6c28d3a
 KVQ_BITS = (2, 3, 4)
@@ -46,7 +46,11 @@ class KVQuantConfig(MethodConfig):
     the widest code `mixed` may give a layer's keys or values (5–7-bit codes are stored as a 4-bit and a 1–3-bit
     packed part). `kl_widths` (default False; True, with `mixed`): the widths are allocated by the KL divergence each layer's
     keys / values at each width cause when quantized alone, measured with the model on the calibration text
-    (`veloxquant.calibrate.KLProbe`), instead of the Fisher estimate (not in the paper: its end-to-end counterpart)."""
+    (`veloxquant.calibrate.KLProbe`), instead of the Fisher estimate (not in the paper: its end-to-end counterpart).
+    `channel_levels` (default False; True: the keys' non-uniform levels are fitted per channel and head, `key_levels`
+    [H, D, 2^b], instead of one datatype per layer; not in the paper, whose nuqX datatype is per layer (§3.3): the same
+    Fisher-weighted k-means and Q-Norm on each channel's normalized entries; the levels are calibration constants, like
+    the channel ranges, not per-token bytes)."""
     token_grouped = True  # not a field: sliding layers (bounded anyway) keep their tokens in fp16 (`veloxquant.sliding`)
     key_bits: int = 3
     value_bits: int = 3
@@ -63,6 +67,7 @@ class KVQuantConfig(MethodConfig):
     value_rotation: bool = False
     max_width: int = 0
     kl_widths: bool = False
+    channel_levels: bool = False
     def validate(self):
         check_choice("key_bits", self.key_bits, KVQ_BITS); check_choice("value_bits", self.value_bits, KVQ_BITS)
         check_int("key_outliers", self.key_outliers, 0, 8); check_int("value_outliers", self.value_outliers, 0, 8)
@@ -75,7 +80,7 @@ class KVQuantConfig(MethodConfig):
             raise ValueError(f"mixed_width={self.mixed_width!r} must be a number")
         check_choice("max_width", self.max_width, (0, 4, 5, 6, 7, 8))
         if self.max_width and not self.mixed: raise ValueError(f"max_width={self.max_width} needs mixed=True")
-        check_bool("kl_widths", self.kl_widths)
+        check_bool("kl_widths", self.kl_widths); check_bool("channel_levels", self.channel_levels)
         if self.kl_widths and not self.mixed: raise ValueError("kl_widths=True needs mixed=True (it allocates the mixed widths)")
         lo, hi = (min(3, self.key_bits) + 2) / 2, max(4, self.max_width)
         if self.mixed_width and not (self.mixed and lo <= self.mixed_width <= hi):
@@ -194,6 +199,20 @@ def allocate_widths(err, total: int, floors, top: int = 4) -> list[int]:
         if a == d or g - c <= 1e-12 * max(abs(g), 1e-30): return w
         w[a] += 1; w[d] -= 1
 
+def channel_levels(z, w, k: int, qn: bool = True) -> np.ndarray:
+    """Per-channel non-uniform datatypes: for every head h and channel d, `weighted_kmeans_1d` of the entries z[h, :, d]
+    weighted by w[h, :, d] (e.g. the Fisher information, 0 for entries stored exactly), then `qnorm` when `qn`. z, w
+    float [H, N, D] → float32 [H, D, k], each row ascending. KVQuant's datatype (arXiv 2401.18079 §3.3, Eq. 4) fitted per
+    channel instead of per layer. `ValueError` (from `weighted_kmeans_1d`) when N < k."""
+    H, N, D = z.shape
+    out = np.empty((H, D, k), np.float32)
+    for h in range(H):
+        for d in range(D):
+            x, ww = z[h, :, d], w[h, :, d]
+            c = weighted_kmeans_1d(x, ww, k)
+            out[h, d] = qnorm(c, x, np.maximum(ww, 1e-12 * max(ww.max(initial=0), 1e-30))) if qn else c
+    return out
+
 _KL_MEMO: dict = {}  # the last measured rows: (probe key, settings but mixed_width) -> per-layer KL rows (refits at other totals reuse them)
 
 def _kl_row(i, s, K, V, center, radius, lv, options, top, probe) -> np.ndarray:
@@ -237,7 +256,10 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19, probe=None) -> dic
     `options.value_rotation`: the value levels are fitted to the rotated, per-token scaled values z = x R / s
     (`_value_rot`, R the randomized Hadamard rotation `veloxquant.quant.rotation('hadamard', D)`), unclipped, each entry
     weighted by s² · mean_i F_i (the diagonal of Rᵀ diag(F) R is mean_i F_i for a Hadamard R, |R_ij| = 1/√D: the loss
-    ½ Σ F (x − x̂)² in the rotated domain, off-diagonal terms dropped)."""
+    ½ Σ F (x − x̂)² in the rotated domain, off-diagonal terms dropped).
+
+    `options.channel_levels`: `key_levels` is float32 [H, D, 2^b] instead, `channel_levels` on every calibration token
+    (no subsample: ~N entries per channel), outliers (and with `mixed` each window's first token) weightless."""
     mixed = bool(getattr(options, "mixed", False)); vrot = bool(getattr(options, "value_rotation", False))
     kl = mixed and bool(getattr(options, "kl_widths", False))
     if kl and probe is None: raise ValueError("kl_widths=True measures KL with the model: run it through veloxquant.calibrate.calibrate")
@@ -246,6 +268,7 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19, probe=None) -> dic
         memo = _KL_MEMO.get(mkey)
         if memo is None: _KL_MEMO.clear()
     top = int(getattr(options, "max_width", 0) or 4)
+    chan = bool(getattr(options, "channel_levels", False))
     fits, sens = [], []
     out = {}
     for i, s in enumerate(samples):
@@ -266,6 +289,12 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19, probe=None) -> dic
         scales = (np.broadcast_to(radius[:, None], K.shape), np.broadcast_to(vs, V.shape))
         floors = {"key": min(3, options.key_bits), "value": 2}
         row = np.full((2, top - 1), np.nan, np.float32); lv = {}
+        if chan:  # keys: levels per channel and head, on every token's normalized entry (outliers and, with `mixed`, sinks weightless)
+            zc = np.clip(np.array(zk), -1, 1); keepc = np.ones(zc.shape, bool)
+            if ik is not None and options.key_outliers: np.put_along_axis(keepc, np.array(ik).astype(np.int64), False, axis=-1)
+            wc = (np.asarray(s["pre_rope_key_fisher"], np.float64) if options.fisher else np.ones(zc.shape)) * keepc
+            if mixed and "positions" in s: wc = wc * (np.asarray(s["positions"])[None, :, None] > 0)
+            z0c = np.array(zk)
         for j, (name, z, f, bits, idx) in enumerate((("key", zk, s["pre_rope_key_fisher"], options.key_bits, ik),
                                                      ("value", zv, fv, options.value_bits, iv))):
             rot = vrot and name == "value"
@@ -280,6 +309,14 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19, probe=None) -> dic
             if rot: fk = fk * scales[j][keep][sel].astype(np.float64) ** 2   # the rotated domain's weight s² · mean F
             zf, ff = zf[sel], (fk if options.fisher else np.ones(sel.size))
             for b in (range(floors[name], top + 1) if mixed else (bits,)):
+                if chan and name == "key":
+                    lv[name, b] = c = channel_levels(zc, wc, 1 << b, options.qnorm)
+                    if mixed:  # ½ Σ F (radius · (z − level))² over all entries (outliers exact), per token
+                        zq = np.stack([np.stack([c[h, d][nearest(z0c[h, :, d], c[h, d])] for d in range(D)], -1) for h in range(H)])
+                        fw = np.asarray(s["pre_rope_key_fisher"], np.float64) * keepc
+                        if "positions" in s: fw = fw * (np.asarray(s["positions"])[None, :, None] > 0)
+                        row[j, b - 2] = 0.5 * (fw * (scales[j] * (z0c - zq)) ** 2).sum() / N
+                    continue
                 c = weighted_kmeans_1d(zf, ff, 1 << b)
                 if options.qnorm: c = qnorm(c, zf, ff)
                 lv[name, b] = c
@@ -311,16 +348,25 @@ def kvquant_calibration(samples, options, cap: int = 1 << 19, probe=None) -> dic
 
 CALIBRATION = calibrate.register_calibration(
     "kvquant", kvquant_calibration, fields=("key_bits", "value_bits", "key_outliers", "value_outliers", "fisher", "qnorm", "mixed",
-                                          "mixed_width", "value_rotation", "max_width", "kl_widths"),
+                                          "mixed_width", "value_rotation", "max_width", "kl_widths", "channel_levels"),
     collect=("pre_rope_keys", "values", "pre_rope_key_fisher", "value_fisher"),
-    optional=("mixed", "mixed_width", "value_rotation", "max_width", "kl_widths"), probe=True,
+    optional=("mixed", "mixed_width", "value_rotation", "max_width", "kl_widths", "channel_levels"), probe=True,
     extra=lambda o: dict(sinks=o.sinks, window=o.window) if getattr(o, "kl_widths", False) else {})  # what the probe measured with
 
 # %% ../../nbs/methods/kvquant.ipynb #3a4f7992
 def _codes(z, levels):
-    "Nearest of the ascending `levels` [k] for every entry of z (mlx): uint32 codes."
-    mid = (levels[1:] + levels[:-1]) / 2
+    """Nearest of the ascending `levels` [k] for every entry of z (mlx): uint32 codes. Per-channel levels [H, D, k]
+    (`channel_levels`) for z [B, H, T, D] (or one head, H = 1: the first head's levels)."""
+    mid = (levels[..., 1:] + levels[..., :-1]) / 2
+    if levels.ndim == 3: mid = mid[None, :z.shape[1], None]                 # [1, H, 1, D, k − 1]
     return (mx.expand_dims(z, -1) > mid).sum(-1).astype(mx.uint32)
+
+def _levels_of(levels, codes):
+    "The levels of `codes` [B, H, T, D]: `levels` [k] (one datatype) or [H, D, k] (per channel: a gather at h·D·k + d·k + code)."
+    if levels.ndim == 1: return mx.take(levels, codes)
+    H, D, k = levels.shape
+    base = (mx.arange(codes.shape[1] * D, dtype=mx.uint32) * k).reshape(1, codes.shape[1], 1, D)
+    return mx.take(levels.reshape(-1), codes + base)
 
 def _pack(codes, bits: int) -> dict:
     """uint32 codes [..., D] < 2^bits → {"w": packed words} for the widths `pack_bits` packs (2, 3, 4, 8); 5–7 bits as the
@@ -339,16 +385,18 @@ class KVQuantKeyCodec(Codec):
     """KVQuant keys of one layer, **pre-RoPE** (`KVQuantCache` undoes RoPE before encoding and re-applies it at
     attention): per channel normalized by the calibrated range, z = (k − center)/radius (`center`, `radius` [H, D]), the
     `n_outliers` entries of largest |z| per token kept in fp16 (`ov` float16 [B, H, T, n], `oi` uint8 [B, H, T, n]), the
-    rest coded as the nearest of the layer's `levels` [2^bits] (`w` uint32 [B, H, T, D·bits/32]). bits + 24·n/D bits per
-    element. `decode` gives the pre-RoPE keys (float32)."""
+    rest coded as the nearest of the layer's `levels` [2^bits] (`w` uint32 [B, H, T, D·bits/32]), or of the channel's
+    `levels` [H, D, 2^bits] (`channel_levels=True`). bits + 24·n/D bits per element. `decode` gives the pre-RoPE keys
+    (float32)."""
     def __init__(self, head_dim: int, bits: int, n_outliers: int, center, radius, levels):
         super().__init__(head_dim)
         self.bits, self.k = bits, n_outliers
         self.center, self.radius = mx.array(center)[None, :, None], mx.array(radius)[None, :, None]   # [1, H, 1, D]
         self.levels = mx.array(levels)
-        if self.center.shape[-1] != head_dim or self.levels.shape != (1 << bits,):
-            raise ValueError(f"calibration tensors are for head_dim {self.center.shape[-1]} and {self.levels.shape[0]} levels, "
-                             f"not head_dim {head_dim} and {1 << bits} levels")
+        ok = self.levels.shape in ((1 << bits,), (self.center.shape[1], head_dim, 1 << bits))
+        if self.center.shape[-1] != head_dim or not ok:
+            raise ValueError(f"calibration tensors are for head_dim {self.center.shape[-1]} and levels of shape {tuple(self.levels.shape)}, "
+                             f"not head_dim {head_dim} and {1 << bits} levels (per layer, or [{self.center.shape[1]}, {head_dim}, {1 << bits}] per channel)")
     def _heads(self, x):
         H = self.center.shape[1]
         if x.shape[1] not in (1, H): raise ValueError(f"{x.shape[1]} KV heads, but the calibration artifact has {H}")
@@ -361,7 +409,7 @@ class KVQuantKeyCodec(Codec):
         return out
     def decode(self, blk):
         c, r = self._heads(blk["w"])
-        x = mx.take(self.levels, _unpack(blk, self.bits, self.head_dim)) * r + c
+        x = _levels_of(self.levels, _unpack(blk, self.bits, self.head_dim)) * r + c
         return scatter_outliers(x, blk["ov"], blk["oi"]) if self.k else x
     def shared_artifacts(self): return {}
 
