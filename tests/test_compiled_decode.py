@@ -8,7 +8,7 @@ import veloxquant.cache as vcache
 import veloxquant.gpu as gpu
 from veloxquant.core import parse_method
 
-SPECS = ["q4_0", "q8_0", "q8_0:hadamard=true", "qjl", "polar", "turboquant_rvq", "affine:use_kernels=false",
+SPECS = ["q4_0:use_kernels=false", "q8_0:use_kernels=false", "q8_0:hadamard=true", "qjl", "polar", "turboquant_rvq", "affine:use_kernels=false",
          "turboquant:use_kernels=false", "turboquant:variant=prod,use_kernels=false",
          "kivi", "kivi:group_size=128,value_group=64,window=0", "kitty", "gear:outlier_pct=1.0", "rabitq:use_kernels=false",
          "rabitq:rotation=hadamard,value_bits=2,value_group=32,use_kernels=false"]
@@ -50,7 +50,7 @@ def test_compiled_equals_reference(spec, shape):
     assert mx.allclose(out, ref, rtol=1e-5, atol=1e-6).item(), float(mx.abs(out - ref).max())
 
 
-@pytest.mark.parametrize("spec", ["q4_0:sinks=4", "polar:window=0", "turboquant_rvq:sinks=3,window=16"])
+@pytest.mark.parametrize("spec", ["q4_0:sinks=4,use_kernels=false", "polar:window=0", "turboquant_rvq:sinks=3,window=16"])
 def test_compiled_sinks_windows_dtypes(spec):
     for dtype in (mx.float32, mx.float16):
         out, ref, calls, _ = decode_pair(spec, 1, 2, 3, 128, 900, 256, sinks=True, dtype=dtype)

@@ -10,7 +10,7 @@ import veloxquant.tiles as tiles
 from veloxquant.core import parse_method
 
 # every method with a tile form (the last ones run the path through `decode`'s default tile form)
-SPECS = ["q4_0", "q8_0", "q8_0:hadamard=true", "qjl:use_kernels=false", "polar", "turboquant_rvq", "affine:use_kernels=false",
+SPECS = ["q4_0:use_kernels=false", "q8_0:use_kernels=false", "q8_0:hadamard=true", "qjl:use_kernels=false", "polar", "turboquant_rvq", "affine:use_kernels=false",
          "turboquant:use_kernels=false", "turboquant:variant=prod,use_kernels=false", "turboquant:center=true,use_kernels=false",
          "rabitq:use_kernels=false", "kivi", "kivi_sink", "gear:outlier_pct=1.0"]
 SHAPES = [(1, 1, 700, 256), (2, 3, 1300, 512), (2, 4, 333, 8192)]  # (B, rep, codes + window, block size)
@@ -52,7 +52,7 @@ def test_tiled_equals_reference(spec, shape):
     assert mx.allclose(out, ref, rtol=tol, atol=tol).item(), float(mx.abs(out - ref).max())
 
 
-@pytest.mark.parametrize("spec", ["q4_0:sinks=4", "polar:window=0", "turboquant_rvq:sinks=3,window=16", "qjl:sinks=2,use_kernels=false"])
+@pytest.mark.parametrize("spec", ["q4_0:sinks=4,use_kernels=false", "polar:window=0", "turboquant_rvq:sinks=3,window=16", "qjl:sinks=2,use_kernels=false"])
 def test_tiled_sinks_windows_dtypes(spec):
     for dtype in (mx.float32, mx.float16):
         out, ref, calls, _ = decode_pair(spec, 1, 2, 3, 128, 900, 256, sinks=True, dtype=dtype)
@@ -63,7 +63,7 @@ def test_tiled_sinks_windows_dtypes(spec):
 
 def test_window_buffer_goes_in_as_it_is():
     "A float16 decode step written into the preallocated window buffer attends over the buffer with its valid length."
-    out, ref, calls, c = decode_pair("q4_0", 1, 2, 2, 64, 700, 256, dtype=mx.float16, in_window=True)
+    out, ref, calls, c = decode_pair("q4_0:use_kernels=false", 1, 2, 2, 64, 700, 256, dtype=mx.float16, in_window=True)
     assert c._in_window and c._xk.shape[2] > c._xkn and calls == [True]
     assert mx.allclose(out.astype(mx.float32), ref.astype(mx.float32), rtol=3e-3, atol=3e-3).item()
 
@@ -112,7 +112,7 @@ def test_tile_kernel_equals_reference(DK, DV, rep, T, lo):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", ["q4_0", "qjl:use_kernels=false", "polar", "turboquant_rvq", "kivi"])
+@pytest.mark.parametrize("spec", ["q4_0:use_kernels=false", "q4_0:hadamard=true", "qjl:use_kernels=false", "polar", "turboquant_rvq", "kivi"])
 def test_gpu_default_takes_the_tiles(spec):
     "On a GPU back-end the default (`tiled_decode = None`) runs the kernel path for the methods without kernels of their own."
     mx.random.seed(1)

@@ -22,8 +22,8 @@ from ..gpu_decode import _merge_partials
 __all__ = ['AFFINE_BITS', 'METHOD', 'AFFINE_DECODE_BODY', 'AFFINE_DECODE_INPUTS', 'AFFINE_DECODE_OUTPUTS',
            'AFFINE_MMA_DECODE_BODY', 'AFFINE_MMA_DECODE_INPUTS', 'AFFINE_APPEND_BODY', 'AFFINE_APPEND_INPUTS',
            'AFFINE_APPEND_OUTPUTS', 'AFFINE_DECODE_CU_TYPES', 'AFFINE_APPEND_CU_TYPES', 'AffineConfig', 'AffineCodec',
-           'affine_decode_supported', 'mma_decode_supported', 'affine_decode_attention', 'affine_fused_decode',
-           'affine_append_supported', 'affine_fused_append']
+           'affine_decode_fn', 'affine_decode_supported', 'mma_decode_supported', 'affine_decode_attention',
+           'affine_fused_decode', 'affine_append_supported', 'affine_fused_append']
 
 # %% ../../nbs/methods/affine.ipynb #e673249c
 AFFINE_BITS = (2, 3, 4, 5, 6, 8)
@@ -92,26 +92,39 @@ def _cpu_fast(*codecs):  # this method's codecs take the CPU shortcuts (other me
     for c in codecs: c.cpu_fast = True
     return codecs
 
-def _make(config: KVCacheConfig):
-    cfg = config.options
-    codecs = lambda kd, vd: _cpu_fast(AffineCodec(kd, cfg.key_bits, cfg.group_size), AffineCodec(vd, cfg.value_bits, cfg.group_size))
-    def fused(kc, vc):  # the fused decode kernel where it applies (GPU back-end, supported layout)
+def affine_decode_fn(key_bits: int, value_bits: int, group_size: int, arrays=None):
+    """The `fused_decode` hook (see `VQCache`) for codec pairs whose stores hold `mx.quantize`'s layout: decode steps run
+    the fused decode kernels of this module over the stored codes (the tensor-core kernel where `mma_decode_supported`,
+    else the scalar one, then the merge), with one launch plan per (query shape, dtype, scale, sinks). `arrays` maps a
+    store's arrays (dict) to `(w, scales, biases)`: uint32 [B, H, CAP, D·bits/32] and float16 [B, H, CAP, D/group_size],
+    row-contiguous (default: affine's own `w`, `scales`, `biases`; the llama.cpp block formats derive their biases from
+    their scales). The hook returns None where no kernel applies (no GPU back-end, another head_dim or bits, keys and
+    values of different head_dim), and its step function returns None for shapes it does not take (several query
+    tokens, too many query heads per kv head): the cache then takes its other paths."""
+    arrays = arrays or (lambda a: (a["w"], a["scales"], a["biases"]))
+    def fused(kc, vc):
         kd, vd = kc.head_dim, vc.head_dim
-        if not (cfg.use_kernels and kd == vd and affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size)):
-            return None
+        if not (kd == vd and affine_decode_supported(kd, key_bits, value_bits, group_size)): return None
         plans = {}  # one launch plan per (shape, dtype, scale): the checks run once, a step only launches
         def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None, rows=None):
             key = (queries.shape, ek.shape[:2], queries.dtype, scale, sinks is None)
             p = plans.get(key)
             if p is None:
                 B, Hq, L, D = queries.shape
-                ok = L == 1 and Hq % ek.shape[1] == 0 and affine_decode_supported(kd, cfg.key_bits, cfg.value_bits, cfg.group_size, Hq // ek.shape[1])
-                p = plans[key] = _decode_plan(queries.shape, ek.shape[1], queries.dtype, scale, cfg.key_bits, cfg.value_bits, cfg.group_size, sinks is not None) if ok else False
+                ok = L == 1 and Hq % ek.shape[1] == 0 and affine_decode_supported(kd, key_bits, value_bits, group_size, Hq // ek.shape[1])
+                p = plans[key] = _decode_plan(queries.shape, ek.shape[1], queries.dtype, scale, key_bits, value_bits, group_size, sinks is not None) if ok else False
             if p is False: return None  # too many query heads per kv head for threadgroup memory: the reference path
-            return p([queries, k["w"], k["scales"], k["biases"], v["w"], v["scales"], v["biases"]], n, queries, ek, ev, sinks, n_exact, rows=rows)
+            return p([queries, *arrays(k), *arrays(v)], n, queries, ek, ev, sinks, n_exact, rows=rows)
         run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
         run.takes_rows = True    # a padded batch: per-row coded and exact ranges (`gpu_decode.DecodeStep`, `rows`)
         return run
+    return fused
+
+def _make(config: KVCacheConfig):
+    cfg = config.options
+    codecs = lambda kd, vd: _cpu_fast(AffineCodec(kd, cfg.key_bits, cfg.group_size), AffineCodec(vd, cfg.value_bits, cfg.group_size))
+    # the fused decode kernel where it applies (GPU back-end, supported layout)
+    fused = affine_decode_fn(cfg.key_bits, cfg.value_bits, cfg.group_size) if cfg.use_kernels else None
     # Appends stay on `mx.quantize` (two native dispatches): on the H200 it is faster than the one-dispatch
     # `affine_fused_append` (0.57-0.64x, see nbs/13_bench.ipynb), so that kernel is not wired in here.
     return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_decode=fused)

@@ -10,10 +10,11 @@ from ..core import MethodConfig, KVCacheConfig, register_method, check_int, chec
 from ..cache import Codec, VQCache
 from ..quant import rotation, pack_bits
 from ..gpu import backend
+from .affine import affine_decode_fn
 
 # %% auto #0
 __all__ = ['QK', 'METHOD', 'STANDARD_SETTINGS', 'block_absmax', 'roundf', 'safe_inv', 'BlockCodec', 'Q8_0Codec',
-           'BlockFormatConfig', 'block_format_factory', 'Q8_0Config']
+           'BlockFormatConfig', 'block_arrays', 'block_format_factory', 'Q8_0Config']
 
 # %% ../../nbs/methods/q8_0.ipynb #7f6069e3
 QK = 32  # llama.cpp's block size for q8_0 / q4_0
@@ -127,20 +128,36 @@ class BlockFormatConfig(MethodConfig):
     """Options shared by the llama.cpp block formats (`q8_0`, `q4_0`): `window` ≥ 0 (default 64) most recent tokens kept in fp16;
     `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `hadamard` (bool) rotates
     keys and values by a randomized Hadamard matrix on head_dim (seed `seed` ≥ 0) before quantizing, as llama.cpp's
-    newer KV-cache rotation. Bad values raise `ValueError` naming the field."""
+    newer KV-cache rotation; `use_kernels` (bool, default True): on a GPU, decode steps without the rotation run `affine`'s
+    fused decode kernel over the stored codes (the block format is `mx.quantize`'s layout with group 32 and biases
+    −offset·d), else they attend over decoded tiles. Bad values raise `ValueError` naming the field."""
     window: int = 64
     sinks: int = 0
     hadamard: bool = False
     seed: int = 0
+    use_kernels: bool = True
     def validate(self):
         check_int("window", self.window, 0); check_int("sinks", self.sinks, 0); check_bool("hadamard", self.hadamard); check_int("seed", self.seed, 0)
+        check_bool("use_kernels", self.use_kernels)
+
+def block_arrays(offset: int):
+    """A block format's stored arrays (`qs` uint32, `d` float16 [B, H, CAP, D/32]) as `mx.quantize`'s layout with
+    group 32: `(qs, d, −offset·d)`, since x̂ = d·(u − offset) = d·u + (−offset·d). The biases are computed at each call
+    (one element-wise pass over the scales, 1/32 of the elements), exact in float16 (offset is a power of two) unless
+    |offset·d| exceeds float16's range (|x| ≳ 65,000 for `q8_0`, which float16 keys cannot hold with a finite d·127)."""
+    def arrays(a): d = a["d"]; return a["qs"], d, d * (-offset)
+    return arrays
 
 def block_format_factory(codec_cls):
-    "The cache factory of a block format: `codec_cls(head_dim, hadamard, seed)` for keys and values, `VQCache` storage."
+    """The cache factory of a block format: `codec_cls(head_dim, hadamard, seed)` for keys and values, `VQCache` storage;
+    without `hadamard` and with `use_kernels`, decode steps on a GPU run `affine`'s fused decode kernel over the codes
+    (`affine.affine_decode_fn` with `block_arrays`), else the decode over tiles."""
     def make(config: KVCacheConfig):
         cfg = config.options
         codecs = lambda kd, vd: (codec_cls(kd, cfg.hadamard, cfg.seed), codec_cls(vd, cfg.hadamard, cfg.seed))
-        return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks)
+        b = codec_cls.bits
+        fused = affine_decode_fn(b, b, QK, block_arrays(codec_cls.offset)) if cfg.use_kernels and not cfg.hadamard else None
+        return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_decode=fused)
     return make
 
 @dataclass
