@@ -23,16 +23,13 @@ def test_block_arrays_are_the_affine_layout(codec_cls):
     assert mx.array_equal(got, c.decode(blk)).item()  # -offset·d is exact in float16: the same values
 
 
-def test_hook_only_without_rotation_and_with_kernels():
-    assert parse_method("q4_0").make_cache().fused_decode is not None
-    assert parse_method("q8_0").make_cache().fused_decode is not None
-    assert parse_method("q4_0:use_kernels=false").make_cache().fused_decode is None
-    assert parse_method("q8_0:hadamard=true").make_cache().fused_decode is None
+def test_hook_with_kernels_only():
     with pytest.raises(ValueError, match="use_kernels"):
         parse_method("q4_0:use_kernels=2")
-    if gpu.backend() is None:  # no kernel on the CPU: the hook declines, the CPU paths run as before
-        c = parse_method("q4_0").make_cache(); c._ensure_codecs(64, 64)
-        assert c._fused() is None
+    for spec, on in (("q4_0", True), ("q8_0", True), ("q4_0:hadamard=true", True), ("q8_0:hadamard=true,seed=3", True),
+                     ("q4_0:use_kernels=false", False), ("q4_0:hadamard=true,use_kernels=false", False)):
+        c = parse_method(spec).make_cache(); c._ensure_codecs(128, 128)
+        assert (c._fused() is not None) == (on and gpu.backend() is not None), spec  # no kernel on the CPU: the CPU paths as before
 
 
 def _pair(spec, B, Hkv, rep, D, n, sinks=False, in_window=True):
@@ -52,7 +49,8 @@ def _pair(spec, B, Hkv, rep, D, n, sinks=False, in_window=True):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", ["q4_0", "q8_0", "q4_0:window=0", "q8_0:sinks=4", "q4_0:sinks=2,window=16"])
+@pytest.mark.parametrize("spec", ["q4_0", "q8_0", "q4_0:window=0", "q8_0:sinks=4", "q4_0:sinks=2,window=16", "q4_0:hadamard=true",
+                                  "q8_0:hadamard=true,sinks=4,seed=5"])
 @pytest.mark.parametrize("B, Hkv, rep, D, n", [(1, 8, 4, 128, 3000), (2, 2, 3, 64, 1300), (1, 2, 1, 128, 700), (3, 4, 8, 128, 2049)])
 def test_kernel_equals_reference(spec, B, Hkv, rep, D, n):
     (out, c), (ref, r) = _pair(spec, B, Hkv, rep, D, n, sinks=(rep == 3))

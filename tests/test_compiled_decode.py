@@ -8,7 +8,7 @@ import veloxquant.cache as vcache
 import veloxquant.gpu as gpu
 from veloxquant.core import parse_method
 
-SPECS = ["q4_0:use_kernels=false", "q8_0:use_kernels=false", "q8_0:hadamard=true", "qjl", "polar", "turboquant_rvq", "affine:use_kernels=false",
+SPECS = ["q4_0:use_kernels=false", "q8_0:use_kernels=false", "q8_0:hadamard=true,use_kernels=false", "qjl", "polar", "turboquant_rvq", "affine:use_kernels=false",
          "turboquant:use_kernels=false", "turboquant:variant=prod,use_kernels=false",
          "kivi", "kivi:group_size=128,value_group=64,window=0", "kitty", "gear:outlier_pct=1.0", "rabitq:use_kernels=false",
          "rabitq:rotation=hadamard,value_bits=2,value_group=32,use_kernels=false"]

@@ -10,7 +10,7 @@ import veloxquant.tiles as tiles
 from veloxquant.core import parse_method
 
 # every method with a tile form (the last ones run the path through `decode`'s default tile form)
-SPECS = ["q4_0:use_kernels=false", "q8_0:use_kernels=false", "q8_0:hadamard=true", "qjl:use_kernels=false", "polar", "turboquant_rvq", "affine:use_kernels=false",
+SPECS = ["q4_0:use_kernels=false", "q8_0:use_kernels=false", "q8_0:hadamard=true,use_kernels=false", "qjl:use_kernels=false", "polar", "turboquant_rvq", "affine:use_kernels=false",
          "turboquant:use_kernels=false", "turboquant:variant=prod,use_kernels=false", "turboquant:center=true,use_kernels=false",
          "rabitq:use_kernels=false", "kivi", "kivi_sink", "gear:outlier_pct=1.0"]
 SHAPES = [(1, 1, 700, 256), (2, 3, 1300, 512), (2, 4, 333, 8192)]  # (B, rep, codes + window, block size)
@@ -112,7 +112,7 @@ def test_tile_kernel_equals_reference(DK, DV, rep, T, lo):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", ["q4_0:use_kernels=false", "q4_0:hadamard=true", "qjl:use_kernels=false", "polar", "turboquant_rvq", "kivi"])
+@pytest.mark.parametrize("spec", ["q4_0:use_kernels=false", "q4_0:hadamard=true,use_kernels=false", "qjl:use_kernels=false", "polar", "turboquant_rvq", "kivi"])
 def test_gpu_default_takes_the_tiles(spec):
     "On a GPU back-end the default (`tiled_decode = None`) runs the kernel path for the methods without kernels of their own."
     mx.random.seed(1)

@@ -92,13 +92,15 @@ def _cpu_fast(*codecs):  # this method's codecs take the CPU shortcuts (other me
     for c in codecs: c.cpu_fast = True
     return codecs
 
-def affine_decode_fn(key_bits: int, value_bits: int, group_size: int, arrays=None):
+def affine_decode_fn(key_bits: int, value_bits: int, group_size: int, arrays=None, rotation=None):
     """The `fused_decode` hook (see `VQCache`) for codec pairs whose stores hold `mx.quantize`'s layout: decode steps run
     the fused decode kernels of this module over the stored codes (the tensor-core kernel where `mma_decode_supported`,
     else the scalar one, then the merge), with one launch plan per (query shape, dtype, scale, sinks). `arrays` maps a
     store's arrays (dict) to `(w, scales, biases)`: uint32 [B, H, CAP, D·bits/32] and float16 [B, H, CAP, D/group_size],
     row-contiguous (default: affine's own `w`, `scales`, `biases`; the llama.cpp block formats derive their biases from
-    their scales). The hook returns None where no kernel applies (no GPU back-end, another head_dim or bits, keys and
+    their scales). `rotation` R [D, D] (float32): the stored keys and values are x·R (e.g. a Hadamard rotation): the
+    kernel scores the rotated queries q·R and the merge undoes the rotation of the mixed values (·Rᵀ), while the exact
+    tokens (window, sinks, this step) attend unrotated. The hook returns None where no kernel applies (no GPU back-end, another head_dim or bits, keys and
     values of different head_dim), and its step function returns None for shapes it does not take (several query
     tokens, too many query heads per kv head): the cache then takes its other paths."""
     arrays = arrays or (lambda a: (a["w"], a["scales"], a["biases"]))
@@ -112,9 +114,10 @@ def affine_decode_fn(key_bits: int, value_bits: int, group_size: int, arrays=Non
             if p is None:
                 B, Hq, L, D = queries.shape
                 ok = L == 1 and Hq % ek.shape[1] == 0 and affine_decode_supported(kd, key_bits, value_bits, group_size, Hq // ek.shape[1])
-                p = plans[key] = _decode_plan(queries.shape, ek.shape[1], queries.dtype, scale, key_bits, value_bits, group_size, sinks is not None) if ok else False
+                p = plans[key] = _decode_plan(queries.shape, ek.shape[1], queries.dtype, scale, key_bits, value_bits, group_size, sinks is not None, rotation) if ok else False
             if p is False: return None  # too many query heads per kv head for threadgroup memory: the reference path
-            return p([queries, *arrays(k), *arrays(v)], n, queries, ek, ev, sinks, n_exact, rows=rows)
+            qk = queries if rotation is None else (queries.astype(mx.float32) @ rotation).astype(queries.dtype)
+            return p([qk, *arrays(k), *arrays(v)], n, queries, ek, ev, sinks, n_exact, rows=rows)
         run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
         run.takes_rows = True    # a padded batch: per-row coded and exact ranges (`gpu_decode.DecodeStep`, `rows`)
         return run
@@ -612,10 +615,15 @@ def affine_fused_decode(queries, k: dict, v: dict, n: int, keys, values, scale: 
     return _merge_partials(m, l, acc, queries, keys, values, sinks, scale, rep, merge_warps, queries.dtype, n_exact,
                            out_shape=(B, Hq, 1, D))
 
-def _decode_plan(qshape, Hkv, dtype, scale, key_bits, value_bits, group_size, hs):
-    "The prepared launches (`veloxquant.gpu_decode.DecodeStep`) of a cache's decode steps: the tensor-core kernel in one dispatch, or the scalar one and the merge."
+def _decode_plan(qshape, Hkv, dtype, scale, key_bits, value_bits, group_size, hs, rot=None):
+    """The prepared launches (`veloxquant.gpu_decode.DecodeStep`) of a cache's decode steps: the tensor-core kernel in one
+    dispatch, or the scalar one and the merge (always, with a rotation `rot` of the stored codes to undo in the merge)."""
     B, Hq, _, D = qshape; rep = Hq // Hkv
     use, warps = _pick(D, key_bits, value_bits, group_size, rep, None, None)
+    if rot is not None:  # the scalar kernel; the merge undoes the rotation
+        warps = _pick(D, key_bits, value_bits, group_size, rep, False, None)[1]
+        return gpu_decode.DecodeStep("affine_decode", AFFINE_DECODE_BODY, AFFINE_DECODE_INPUTS, [("D", D), ("KBITS", key_bits), ("VBITS", value_bits),
+                                     ("G", group_size), ("REP", rep), ("NW", warps)], B, Hq, Hkv, D, dtype, scale, warps, None, rot=rot, hs=hs)
     if use: return gpu_decode.DecodeStep("affine_mma_decode", AFFINE_MMA_DECODE_BODY, AFFINE_MMA_DECODE_INPUTS, [("D", D), ("G", group_size), ("REP", rep), ("NW", warps),
                                   ("U", MMA_TOKENS // 16), ("EMU", 0), ("PF", 1)], B, Hq, Hkv, D, dtype, scale, warps, MMA_TARGET_GROUPS, fused=True, hs=hs)
     return gpu_decode.DecodeStep("affine_decode", AFFINE_DECODE_BODY, AFFINE_DECODE_INPUTS, [("D", D), ("KBITS", key_bits), ("VBITS", value_bits), ("G", group_size),

@@ -128,9 +128,9 @@ class BlockFormatConfig(MethodConfig):
     """Options shared by the llama.cpp block formats (`q8_0`, `q4_0`): `window` ≥ 0 (default 64) most recent tokens kept in fp16;
     `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `hadamard` (bool) rotates
     keys and values by a randomized Hadamard matrix on head_dim (seed `seed` ≥ 0) before quantizing, as llama.cpp's
-    newer KV-cache rotation; `use_kernels` (bool, default True): on a GPU, decode steps without the rotation run `affine`'s
-    fused decode kernel over the stored codes (the block format is `mx.quantize`'s layout with group 32 and biases
-    −offset·d), else they attend over decoded tiles. Bad values raise `ValueError` naming the field."""
+    newer KV-cache rotation; `use_kernels` (bool, default True): on a GPU, decode steps run `affine`'s fused decode
+    kernel over the stored codes (the block format is `mx.quantize`'s layout with group 32 and biases −offset·d; with
+    `hadamard`, rotated queries and the rotation undone in the merge), else they attend over decoded tiles. Bad values raise `ValueError` naming the field."""
     window: int = 64
     sinks: int = 0
     hadamard: bool = False
@@ -150,13 +150,14 @@ def block_arrays(offset: int):
 
 def block_format_factory(codec_cls):
     """The cache factory of a block format: `codec_cls(head_dim, hadamard, seed)` for keys and values, `VQCache` storage;
-    without `hadamard` and with `use_kernels`, decode steps on a GPU run `affine`'s fused decode kernel over the codes
-    (`affine.affine_decode_fn` with `block_arrays`), else the decode over tiles."""
+    with `use_kernels`, decode steps on a GPU run `affine`'s fused decode kernel over the codes (`affine.affine_decode_fn`
+    with `block_arrays` and the codecs' Hadamard rotation, if any), else the decode over tiles."""
     def make(config: KVCacheConfig):
         cfg = config.options
         codecs = lambda kd, vd: (codec_cls(kd, cfg.hadamard, cfg.seed), codec_cls(vd, cfg.hadamard, cfg.seed))
-        b = codec_cls.bits
-        fused = affine_decode_fn(b, b, QK, block_arrays(codec_cls.offset)) if cfg.use_kernels and not cfg.hadamard else None
+        def fused(kc, vc):  # the rotation is the codecs' own (the same seed for keys and values)
+            if not cfg.use_kernels or (kc.R is None) != (vc.R is None) or (kc.R is not None and not mx.array_equal(kc.R, vc.R).item()): return None
+            return affine_decode_fn(kc.bits, vc.bits, QK, block_arrays(codec_cls.offset), kc.R)(kc, vc)
         return VQCache(config, codecs, window=cfg.window, sinks=cfg.sinks, fused_decode=fused)
     return make
 
