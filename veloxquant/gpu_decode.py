@@ -10,7 +10,7 @@ from .gpu import (DECODE_FINISH, DECODE_FINISH_INPUTS, DECODE_PARTIAL_OUTPUTS, F
     _float_bits, _kernel, _no_rows, _no_sinks, _nref, backend, decode_split, register_kernel, write_kernel_files)
 
 # %% auto #0
-__all__ = ['DECODE_MERGE_BODY', 'DECODE_MERGE_INPUTS', 'DECODE_MERGE_CU_TYPES', 'DecodeStep']
+__all__ = ['DECODE_MERGE_BODY', 'DECODE_MERGE_INPUTS', 'DECODE_MERGE_CU_TYPES', 'DecodeStep', 'decode_hook']
 
 # %% ../nbs/03b_gpu_decode.ipynb #83f2d776
 DECODE_MERGE_BODY = r"""
@@ -212,6 +212,32 @@ class DecodeStep:
                               rot=self.rot, out_shape=self.oshape, ranges=rows, verified=direct)
         self._seen.add(seen)
         return out
+
+def decode_hook(supported, plan, arrays, rotation=None):
+    """A cache's `fused_decode` hook (see `VQCache`) over a method's decode kernel: `supported(head_dim, rep)` says whether
+    the kernel takes a layout (rep None: any query heads per kv head), `plan(qshape, Hkv, dtype, scale, hs, rot)` builds
+    its `DecodeStep` once per (query shape, dtype, scale, sinks), `arrays(store_arrays)` lists a store's arrays as the
+    kernel reads them, and `rotation` R [D, D] (float32), when the codes hold x·R: the kernel scores q·R and the merge
+    undoes the rotation of the mixed values, while the exact tokens attend unrotated. The hook returns None where the
+    kernel does not apply, its step function None for a shape it does not take (the cache takes its other paths)."""
+    def hook(kc, vc):
+        kd = kc.head_dim
+        if kd != vc.head_dim or not supported(kd, None): return None
+        plans = {}  # the checks run once per shape, a step only launches
+        def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None, rows=None):
+            key = (queries.shape, ek.shape[:2], queries.dtype, scale, sinks is None)
+            p = plans.get(key)
+            if p is None:
+                Hq, Hkv = queries.shape[1], ek.shape[1]
+                ok = queries.shape[2] == 1 and Hq % Hkv == 0 and supported(kd, Hq // Hkv)
+                p = plans[key] = plan(queries.shape, Hkv, queries.dtype, scale, sinks is not None, rotation) if ok else False
+            if p is False: return None
+            qk = queries if rotation is None else (queries.astype(mx.float32) @ rotation).astype(queries.dtype)
+            return p([qk, *arrays(k), *arrays(v)], n, queries, ek, ev, sinks, n_exact, rows=rows)
+        run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
+        run.takes_rows = True    # a padded batch: per-row coded and exact ranges (`DecodeStep`, `rows`)
+        return run
+    return hook
 
 DECODE_MERGE_CU_TYPES = dict(inputs=[("pm", "float32"), ("pl", "float32"), ("pacc", "float32"), ("q", "OT"),
                                      ("ek", "OT"), ("ev", "OT"), ("sinks", "float32"), ("eref", "uint8"), ("rot", "float32"),

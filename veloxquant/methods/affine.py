@@ -93,35 +93,14 @@ def _cpu_fast(*codecs):  # this method's codecs take the CPU shortcuts (other me
     return codecs
 
 def affine_decode_fn(key_bits: int, value_bits: int, group_size: int, arrays=None, rotation=None):
-    """The `fused_decode` hook (see `VQCache`) for codec pairs whose stores hold `mx.quantize`'s layout: decode steps run
-    the fused decode kernels of this module over the stored codes (the tensor-core kernel where `mma_decode_supported`,
-    else the scalar one, then the merge), with one launch plan per (query shape, dtype, scale, sinks). `arrays` maps a
-    store's arrays (dict) to `(w, scales, biases)`: uint32 [B, H, CAP, D·bits/32] and float16 [B, H, CAP, D/group_size],
-    row-contiguous (default: affine's own `w`, `scales`, `biases`; the llama.cpp block formats derive their biases from
-    their scales). `rotation` R [D, D] (float32): the stored keys and values are x·R (e.g. a Hadamard rotation): the
-    kernel scores the rotated queries q·R and the merge undoes the rotation of the mixed values (·Rᵀ), while the exact
-    tokens (window, sinks, this step) attend unrotated. The hook returns None where no kernel applies (no GPU back-end, another head_dim or bits, keys and
-    values of different head_dim), and its step function returns None for shapes it does not take (several query
-    tokens, too many query heads per kv head): the cache then takes its other paths."""
-    arrays = arrays or (lambda a: (a["w"], a["scales"], a["biases"]))
-    def fused(kc, vc):
-        kd, vd = kc.head_dim, vc.head_dim
-        if not (kd == vd and affine_decode_supported(kd, key_bits, value_bits, group_size)): return None
-        plans = {}  # one launch plan per (shape, dtype, scale): the checks run once, a step only launches
-        def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None, rows=None):
-            key = (queries.shape, ek.shape[:2], queries.dtype, scale, sinks is None)
-            p = plans.get(key)
-            if p is None:
-                B, Hq, L, D = queries.shape
-                ok = L == 1 and Hq % ek.shape[1] == 0 and affine_decode_supported(kd, key_bits, value_bits, group_size, Hq // ek.shape[1])
-                p = plans[key] = _decode_plan(queries.shape, ek.shape[1], queries.dtype, scale, key_bits, value_bits, group_size, sinks is not None, rotation) if ok else False
-            if p is False: return None  # too many query heads per kv head for threadgroup memory: the reference path
-            qk = queries if rotation is None else (queries.astype(mx.float32) @ rotation).astype(queries.dtype)
-            return p([qk, *arrays(k), *arrays(v)], n, queries, ek, ev, sinks, n_exact, rows=rows)
-        run.takes_buffer = True  # ek/ev may be a preallocated window buffer of which the first `n_exact` tokens count
-        run.takes_rows = True    # a padded batch: per-row coded and exact ranges (`gpu_decode.DecodeStep`, `rows`)
-        return run
-    return fused
+    """The `fused_decode` hook (`gpu_decode.decode_hook`) of codec pairs whose stores hold `mx.quantize`'s layout: decode
+    steps run this module's kernels over the codes (tensor-core where `mma_decode_supported`, else scalar + merge).
+    `arrays` maps a store's arrays to `(w, scales, biases)`, uint32 [B, H, CAP, D·bits/32] and float16 [B, H, CAP,
+    D/group_size] (default: affine's own; the llama.cpp block formats derive biases from scales); `rotation` R [D, D]:
+    the codes hold x·R (scalar kernel, rotation undone in the merge). None where no kernel applies."""
+    ok = lambda D, rep: affine_decode_supported(D, key_bits, value_bits, group_size, rep or 1)
+    plan = lambda qs, Hkv, dt, scale, hs, rot: _decode_plan(qs, Hkv, dt, scale, key_bits, value_bits, group_size, hs, rot)
+    return gpu_decode.decode_hook(ok, plan, arrays or (lambda a: (a["w"], a["scales"], a["biases"])), rotation)
 
 def _make(config: KVCacheConfig):
     cfg = config.options
