@@ -42,12 +42,12 @@ def _check_batchable(c) -> None:
         if getattr(type(c), name) is not getattr(VQCache, name):
             raise ValueError(f"method {c.config.method!r} does not support batch generation: its cache ({type(c).__name__}) overrides "
                              f"VQCache.{name}, which has no batch cache; generate one sequence at a time")
-    if getattr(c, "sinks", 0):
-        raise ValueError(f"method {c.config.method!r} with sinks={c.sinks}: sink tokens are not supported in a batch cache yet "
-                         "(use sinks=0 for batch generation and the server)")
     if getattr(type(c.config.options), "token_grouped", False):  # known before the codecs exist: refused when the batch is built
         raise ValueError(f"method {c.config.method!r} encodes tokens in groups along the sequence (token_group > 1); batching it "
                          "would mix padding and other sequences into a group's statistics, so it is refused")
+    if getattr(c, "sinks", 0):
+        raise ValueError(f"method {c.config.method!r} with sinks={c.sinks}: sink tokens are not supported in a batch cache yet "
+                         "(use sinks=0 for batch generation and the server)")
     if getattr(c.config.options, "sequence_state", False):  # a config that says so (e.g. turboquant center=True): refused before any token
         raise ValueError(f"method {c.config.method!r} with {c.config.options} keeps per-sequence statistics (sequence_state); "
                          "batching it would mix padding and other sequences into them, so it is refused")

@@ -213,13 +213,19 @@ class KLProbe:
     that quantizing that layer alone causes: a per-layer sensitivity measured end to end, where KVQuant's (arXiv
     2401.18079 §3.3) Fisher estimate ½ Σ F (x − x̂)² is its diagonal second-order approximation. The reference
     log-probabilities (float32, `n_tokens` × vocabulary) are computed at the first call and kept. `evaluations` counts
-    the calls. `ValueError` for an unknown name, a layer out of range, an error of the wrong shape or `recent` < −1."""
-    def __init__(self, model, ids, window: int = 1024, tokens: int | None = None):
-        self.model, self.window = model, int(window)
+    the calls; `progress` shows them as a tqdm counter (each call is one forward pass per window: on the 2-core CPU a
+    1,024-token pass of the default model takes ~25 s, so a kvquant `kl_widths` calibration, 300–360 calls of two windows,
+    takes hours there and seconds on a GPU). `ValueError` for an unknown name, a layer out of range, an error of the wrong
+    shape or `recent` < −1."""
+    def __init__(self, model, ids, window: int = 1024, tokens: int | None = None, progress: bool = False):
+        self.model, self.window, self.progress, self._bar = model, int(window), bool(progress), None
         self.n_tokens = min(len(ids), int(tokens or KL_PROBE_TOKENS))
         self.ids = [int(t) for t in list(ids)[:self.n_tokens]]
         self.key = (model_fingerprint(model), hashlib.sha256(np.asarray(self.ids, np.int64).tobytes()).hexdigest(), self.window)
         self._ref, self._layers, self.evaluations = None, None, 0
+    def close(self):
+        "Close the progress counter (if any)."
+        if self._bar is not None: self._bar.close(); self._bar = None
     def _windows(self): return [(s, min(s + self.window, self.n_tokens)) for s in range(0, self.n_tokens, self.window)]
     def _logprobs(self, s, e, errors, recent):
         x = mx.array(self.ids[s:e])[None]
@@ -264,6 +270,11 @@ class KLProbe:
             total = total + (mx.exp(lp) * (lp - lq)).sum()
             mx.eval(total)
         self.evaluations += 1
+        if self.progress:
+            if self._bar is None:
+                from tqdm.auto import tqdm
+                self._bar = tqdm(desc="KL probe (perturbed forward passes over the calibration windows)", unit="probe")
+            self._bar.update(1)
         return float(total.item()) / self.n_tokens
 
 # %% ../nbs/06b_calibrate.ipynb #1c1fffae
@@ -327,8 +338,10 @@ def calibrate(method, model=None, tokens: int | list = 4096, window: int = 1024,
         n_kv = int(recs[0].keys.shape[1])
         _SAMPLES.update(key=key, samples=samples, dims=dims, n_kv=n_kv)
     n_layers = len(samples)
-    kw = dict(probe=KLProbe(model, ids, window)) if cal.probe else {}
-    tensors = {k: np.ascontiguousarray(v) for k, v in cal.fn(samples, config.options, **kw).items()}
+    kw = dict(probe=KLProbe(model, ids, window, progress=progress)) if cal.probe else {}
+    try: tensors = {k: np.ascontiguousarray(v) for k, v in cal.fn(samples, config.options, **kw).items()}
+    finally:
+        if kw: kw["probe"].close()
     meta = dict(method=config.method, settings=json.dumps(settings_of(config.method, config.options), sort_keys=True),
                 fingerprint=fp, head_dims=json.dumps(dims), n_layers=n_layers, n_kv_heads=n_kv,
                 tokens=len(ids), seconds=round(time.time() - t0, 3))
