@@ -59,19 +59,29 @@ def test_window_buffer_round_trip_and_other_dtypes():
     assert c4._xbuf and c4.pending is None  # the compiled CPU step's buffer: the step's token went in after its attention
 
 
+KERNEL_SPECS = {"affine:key_bits=4,value_bits=4,window=8", "turboquant:key_bits=3,value_bits=3,window=8",
+                "affine:key_bits=2,value_bits=8,group_size=32,window=8"}  # both codecs give a `cpu_layout` (not 2.5 bits, not 'prod')
+
+
 @pytest.mark.parametrize("spec", ["affine:key_bits=4,value_bits=4,window=8", "turboquant:key_bits=3,value_bits=3,window=8",
                                   "affine:key_bits=2,value_bits=8,group_size=32,window=8", "turboquant:key_bits=2.5,value_bits=4,window=8",
                                   "turboquant:key_bits=3,value_bits=3,variant=prod,window=8"])
 @pytest.mark.parametrize("dtype,B", [(mx.float32, 1), (mx.float16, 1), (mx.float32, 2)])
-def test_compiled_cpu_step_matches_the_one_pass_path(spec, dtype, B, monkeypatch):
-    "The compiled CPU decode step (`VQCache._cpu_step`) vs the one-pass reference (`cpu_step=False`): float32 rounding; same state."
-    from veloxquant import cache as vc
-    calls = []
+@pytest.mark.parametrize("kernel", [False, True])
+def test_compiled_cpu_step_matches_the_one_pass_path(spec, dtype, B, kernel, monkeypatch):
+    """The CPU decode step vs the one-pass reference (`cpu_step=False`): float32 rounding; same state. The step is the native
+    kernel (`veloxquant.cpu`, `kernel=True`) where both codecs give a layout, else the compiled step (`_CpuStep`)."""
+    from veloxquant import cache as vc, cpu
+    if kernel and not cpu.available(): pytest.skip("numba is not installed: no native CPU kernel")
+    calls, kcalls = [], []
     monkeypatch.setattr(vc._CpuStep, "__call__", lambda self, *a, _f=vc._CpuStep.__call__: calls.append(1) or _f(self, *a))
+    monkeypatch.setattr(vc, "cpu_decode_attention", lambda *a, _f=vc.cpu_decode_attention: (lambda o: kcalls.append(o is not None) or o)(_f(*a)))
     a, ca = _steps(spec, dtype=dtype, B=B, H=3, rep=3, prompt=45, steps=70, trim_at=30, cpu_step=False)
-    assert not calls
-    b, cb = _steps(spec, dtype=dtype, B=B, H=3, rep=3, prompt=45, steps=70, trim_at=30)
-    assert len(calls) == 70 and cb.k_store.length > 45  # every decode step, codes appended meanwhile
+    assert not calls and not kcalls
+    b, cb = _steps(spec, dtype=dtype, B=B, H=3, rep=3, prompt=45, steps=70, trim_at=30, cpu_kernel=None if kernel else False)
+    if kernel and spec in KERNEL_SPECS: assert sum(kcalls) == 70 and not calls  # every decode step through the kernel
+    else: assert len(calls) == 70 and not any(kcalls)
+    assert cb.k_store.length > 45  # codes appended meanwhile
     tol = 1e-5 if dtype == mx.float32 else 2e-3
     for x, y in zip(a, b): np.testing.assert_allclose(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)), atol=tol, rtol=tol)
     sa, sb = ca.state, cb.state

@@ -12,6 +12,7 @@ from mlx_lm.models.cache import _BaseCache, create_attention_mask
 from .core import KVCacheConfig, MethodConfig, check_int
 from .attention import (install, blockwise_attention, dense_blocks, block_tokens, decode_plan, query_blocked_sdpa,
                                   compiled_decode_attention, _CpuStep, _CPU_STEPS)
+from .cpu import cpu_decode_attention
 import veloxquant.gpu as gpu
 import veloxquant.tiles as tiles
 
@@ -73,6 +74,9 @@ class Codec:
     def shared_artifacts(self) -> dict[str, mx.array]:
         "Arrays shared by all layers (codebooks, rotations), keyed by a global name; counted once per model."
         return {}
+    def cpu_layout(self, arrays: dict[str, mx.array]):
+        "The codes as the native CPU decode kernel reads them (`veloxquant.cpu.CpuLayout`), from a store's arrays; None: not this codec."
+        return None
 
 # %% ../nbs/01_cache.ipynb #a3a3f86a
 class TokenStore:
@@ -413,10 +417,11 @@ class VQCache(_BaseCache):
         return out
 
     cpu_step = None  # CPU decode steps of `cpu_fast` codecs through one compiled function (`_CpuStep`): None/True = there, False = never
+    cpu_kernel = None  # ... and through the native kernel (`veloxquant.cpu`) where both codecs give a `cpu_layout` and numba is installed: None/True = there, False = never
 
     def _cpu_step(self, queries, keys, values, scale, mask, sinks, in_window):
         """A CPU decode step of `cpu_fast`, `compilable` codecs with a window (and `window_buffer`) and no sink tokens through
-        `_CpuStep`: the window as a preallocated fp16 buffer of fixed shape (its unused slots masked), this step's token
+        the native kernel (`veloxquant.cpu`, where both codecs give a `cpu_layout`) or `_CpuStep`: the window as a preallocated fp16 buffer of fixed shape (its unused slots masked), this step's token
         apart in its own dtype, the codes at the store's capacity (slots past its length masked); None where it does not
         apply (the paths below run)."""
         if self.cpu_step is False or queries.shape[2] != 1 or not (mask is None or isinstance(mask, str)) or sinks is not None: return None
@@ -428,6 +433,12 @@ class VQCache(_BaseCache):
             if keys.shape[2] != 1: return None
             if not self._xbuf or self._xk.shape[2] <= self._xkn: self._window_alloc(keys.shape, values.shape, self._xkn + 1)
             nx = self._xkn
+        lk = None if self.cpu_kernel is False else kc.cpu_layout(self.k_store.arrays)
+        lv = None if lk is None else vc.cpu_layout(self.v_store.arrays)
+        if lv is not None:  # the native kernel (it returns None where it cannot run: the compiled step below)
+            out = cpu_decode_attention(queries, lk, lv, self.k_store.length, self._xk, self._xv, nx + in_window,
+                                       None if in_window else keys, None if in_window else values, float(scale))
+            if out is not None: return out
         key = (type(kc), type(vc), self.dims, self.config.to_json())
         fn = _CPU_STEPS.get(key)
         if fn is None: fn = _CPU_STEPS[key] = _CpuStep(kc, vc)

@@ -9,6 +9,7 @@ import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int, check_bool
 from ..cache import Codec, VQCache
 from ..quant import code_planes, plane_order, affine_plane_scores, affine_plane_mix
+from ..cpu import CpuLayout, CPU_BITS
 import numpy as np
 import veloxquant.gpu as gpu
 from ..gpu import (
@@ -87,6 +88,10 @@ class AffineCodec(Codec):
         if ps is None: return mx.quantized_matmul(p, *self._q(blk, p.dtype), transpose=False, group_size=self.gs, bits=self.bits)
         B, H, rep, L, t = p.shape  # CPU: plane by plane (`quant.affine_plane_mix`)
         return affine_plane_mix(p.reshape(B, H, rep * L, t), ps, blk["scales"], blk["biases"], self.gs, self._order[1]).reshape(B, H, rep, L, -1)
+
+    def cpu_layout(self, a):  # the native CPU decode kernel reads mx.quantize's words as they are (`veloxquant.cpu`)
+        own = all(getattr(type(self), f) is getattr(AffineCodec, f) for f in ("decode", "scores", "mix"))  # not a subclass's other arithmetic
+        return CpuLayout(a["w"], a["scales"], self.bits, a["biases"]) if own and self.bits in CPU_BITS else None
 
 def _cpu_fast(*codecs):  # this method's codecs take the CPU shortcuts (other methods built on AffineCodec keep their outputs)
     for c in codecs: c.cpu_fast = True

@@ -11,6 +11,7 @@ import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int, check_bool
 from ..cache import Codec, VQCache, register_cache_class, seal_state
 from ..quant import rotation, codebook, pack_bits, unpack_bits, packed_words, ROTATIONS, code_planes, plane_order
+from ..cpu import CpuLayout, CPU_BITS
 import veloxquant.gpu as gpu
 from ..gpu import (
     DECODE_PARTIAL_OUTPUTS, MERGE_WARPS, MMA_TARGET_GROUPS, MMA_TOKENS, MMA_WARPS, decode_split, register_kernel,
@@ -165,6 +166,11 @@ class TurboQuantCodec(Codec):
             if ps is None: return None
             out.append(ps)
         return out
+
+    def cpu_layout(self, a):
+        "This class itself (not the 'prod' keys), one channel group of 2, 3, 4 or 8 bits, no centering: the codes, norms as scales, the codebook, R (`veloxquant.cpu`)."
+        if type(self) is not TurboQuantCodec or len(self.groups) != 1 or self.center or self.groups[0][2] not in CPU_BITS: return None
+        return CpuLayout(a["c0"], a["norm"], self.groups[0][2], None, np.asarray(self._tables()[0], np.float32), self.R)
 
     def _tables(self):
         if getattr(self, "_tabs", None) is None: self._tabs = [tuple(np.asarray(g[3], np.float32).tolist()) for g in self.groups]
