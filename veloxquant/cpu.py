@@ -69,7 +69,11 @@ def _announce(step) -> None:
 
 def _build():
     """The kernel, compiled by numba (LLVM) with `parallel=True` (work items spread over the cores; `numba.set_num_threads`
-    bounds them) and `cache=True` (the machine code is kept on disk beside the module, or in NUMBA_CACHE_DIR)."""
+    bounds them) and `cache=True` (the machine code is kept on disk beside the module, or in NUMBA_CACHE_DIR). OpenMP's
+    idle threads are made to sleep rather than spin (`OMP_WAIT_POLICY=PASSIVE`, unless set already; read when numba's
+    OpenMP runtime loads, at the kernel's first launch): spinning, they took the cores from the BLAS threads of the
+    model's next matmuls, and the whole decode step got slower (see "Benchmark")."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from numba import njit, prange
 
     @njit(inline="always")
