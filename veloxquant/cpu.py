@@ -10,7 +10,7 @@ import numpy as np
 import mlx.core as mx
 
 # %% auto #0
-__all__ = ['CPU_BITS', 'CHUNK_TOKENS', 'MIN_LOGIT', 'CpuLayout', 'available', 'cpu_decode_attention']
+__all__ = ['CPU_BITS', 'CHUNK_TOKENS', 'MIN_LOGIT', 'prange', 'CpuLayout', 'available', 'cpu_decode_attention']
 
 # %% ../nbs/02b_cpu.ipynb #cpu00006
 CPU_BITS = (2, 3, 4, 8)
@@ -65,137 +65,139 @@ def _announce(step) -> None:
     import sys
     try: cached = os.path.exists(step._cache._cache_file._index_path)  # numba's on-disk cache index (private API: any failure → silent)
     except Exception: return
-    if not cached: print("veloxquant: compiling the native CPU decode kernel (numba; once, ~15 s on 2 cores, then cached on disk)", file=sys.stderr)
+    if not cached: print("veloxquant: compiling the native CPU decode kernel (numba; ~15 s on 2 cores, once: later processes load it from disk)", file=sys.stderr)
 
-def _build():
-    """The kernel, compiled by numba (LLVM) with `parallel=True` (work items spread over the cores; `numba.set_num_threads`
-    bounds them) and `cache=True` (the machine code is kept on disk beside the module, or in NUMBA_CACHE_DIR). OpenMP's
-    idle threads are made to sleep rather than spin (`OMP_WAIT_POLICY=PASSIVE`, unless set already; read when numba's
-    OpenMP runtime loads, at the kernel's first launch): spinning, they took the cores from the BLAS threads of the
-    model's next matmuls, and the whole decode step got slower (see "Benchmark")."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from numba import njit, prange
+prange = range   # numba.prange once `_build` ran (the kernel's parallel loops; plain loops in Python)
+_unpack = None   # the jitted `_unpack_py` once `_build` ran
 
-    @njit(inline="always")
-    def unpack(row, bits, D, tab, out):
-        "The D codes of one token's bytes `row` → out (table[code], or the code itself when the table is empty)."
-        if tab.shape[0] == 0:
-            if bits == 4:
-                for j in range(D // 2):
-                    x = row[j]; out[2 * j] = np.float32(x & 15); out[2 * j + 1] = np.float32(x >> 4)
-            elif bits == 8:
-                for j in range(D): out[j] = np.float32(row[j])
-            elif bits == 2:
-                for j in range(D // 4):
-                    x = row[j]
-                    for i in range(4): out[4 * j + i] = np.float32((x >> (2 * i)) & 3)
-            else:
-                for g in range(D // 8):
-                    v = np.uint32(row[3 * g]) | (np.uint32(row[3 * g + 1]) << 8) | (np.uint32(row[3 * g + 2]) << 16)
-                    for i in range(8): out[8 * g + i] = np.float32((v >> (3 * i)) & 7)
-        elif bits == 4:
+def _unpack_py(row, bits, D, tab, out):
+    "The D codes of one token's bytes `row` → out (table[code], or the code itself when the table is empty)."
+    if tab.shape[0] == 0:
+        if bits == 4:
             for j in range(D // 2):
-                x = row[j]; out[2 * j] = tab[x & 15]; out[2 * j + 1] = tab[x >> 4]
+                x = row[j]; out[2 * j] = np.float32(x & 15); out[2 * j + 1] = np.float32(x >> 4)
         elif bits == 8:
-            for j in range(D): out[j] = tab[row[j]]
+            for j in range(D): out[j] = np.float32(row[j])
         elif bits == 2:
             for j in range(D // 4):
                 x = row[j]
-                for i in range(4): out[4 * j + i] = tab[(x >> (2 * i)) & 3]
+                for i in range(4): out[4 * j + i] = np.float32((x >> (2 * i)) & 3)
         else:
             for g in range(D // 8):
                 v = np.uint32(row[3 * g]) | (np.uint32(row[3 * g + 1]) << 8) | (np.uint32(row[3 * g + 2]) << 16)
-                for i in range(8): out[8 * g + i] = tab[(v >> (3 * i)) & 7]
+                for i in range(8): out[8 * g + i] = np.float32((v >> (3 * i)) & 7)
+    elif bits == 4:
+        for j in range(D // 2):
+            x = row[j]; out[2 * j] = tab[x & 15]; out[2 * j + 1] = tab[x >> 4]
+    elif bits == 8:
+        for j in range(D): out[j] = tab[row[j]]
+    elif bits == 2:
+        for j in range(D // 4):
+            x = row[j]
+            for i in range(4): out[4 * j + i] = tab[(x >> (2 * i)) & 3]
+    else:
+        for g in range(D // 8):
+            v = np.uint32(row[3 * g]) | (np.uint32(row[3 * g + 1]) << 8) | (np.uint32(row[3 * g + 2]) << 16)
+            for i in range(8): out[8 * g + i] = tab[(v >> (3 * i)) & 7]
 
-    def compiled(f):  # cached on disk where numba can locate the source (not for code run with exec)
-        try: return njit(parallel=True, fastmath=True, cache=True)(f)
-        except RuntimeError: return njit(parallel=True, fastmath=True)(f)
-
-    @compiled
-    def step(q, qx, kw, ks, kb, kbits, ktab, vw, vs, vb, vbits, vtab, n, xk, xv, nx, k1, v1, h2f, chunk):
-        B, H, R, Dk = q.shape; Dv = xv.shape[3]; T1 = k1.shape[2]
-        Gk = ks.shape[3]; gk = Dk // Gk; Gv = vs.shape[3]; gv = Dv // Gv
-        nch = max(1, (n + chunk - 1) // chunk)
-        N = n + nx + T1
-        S = np.empty((B, H, R, N), np.float32)
-        hasbk = kb.shape[3] > 0; hasbv = vb.shape[3] > 0
-        for it in prange(B * H * nch):  # scores over the codes, one chunk of tokens per work item
-            b = it // (H * nch); h = (it // nch) % H; c = it % nch
-            vals = np.empty(Dk, np.float32); qq = q[b, h]
-            qs = np.zeros((R, Gk), np.float32)
-            if hasbk:
-                for r in range(R):
-                    for g in range(Gk):
-                        a = np.float32(0.0)
-                        for d in range(gk): a += qq[r, g * gk + d]
-                        qs[r, g] = a
-            kwh = kw[b, h]; ksh = ks[b, h]; kbh = kb[b, h]; Sh = S[b, h]
-            for t in range(c * chunk, min(n, (c + 1) * chunk)):
-                unpack(kwh[t], kbits, Dk, ktab, vals)
-                for r in range(R):
-                    tot = np.float32(0.0)
-                    for g in range(Gk):
-                        a = np.float32(0.0)
-                        for d in range(gk): a += qq[r, g * gk + d] * vals[g * gk + d]
-                        tot += h2f[ksh[t, g]] * a
-                        if hasbk: tot += h2f[kbh[t, g]] * qs[r, g]
-                    Sh[r, t] = tot
-        den = np.empty((B, H, R), np.float32)
-        for it in prange(B * H * R):  # the exact window's scores, one softmax over all (unnormalised: the division at the end)
-            b = it // (H * R); h = (it // R) % H; r = it % R
-            row = S[b, h, r]; qr = qx[b, h, r]
+def _step_py(q, qx, kw, ks, kb, kbits, ktab, vw, vs, vb, vbits, vtab, n, xk, xv, nx, k1, v1, h2f, chunk):
+    B, H, R, Dk = q.shape; Dv = xv.shape[3]; T1 = k1.shape[2]
+    Gk = ks.shape[3]; gk = Dk // Gk; Gv = vs.shape[3]; gv = Dv // Gv
+    nch = max(1, (n + chunk - 1) // chunk)
+    N = n + nx + T1
+    S = np.empty((B, H, R, N), np.float32)
+    hasbk = kb.shape[3] > 0; hasbv = vb.shape[3] > 0
+    for it in prange(B * H * nch):  # scores over the codes, one chunk of tokens per work item
+        b = it // (H * nch); h = (it // nch) % H; c = it % nch
+        vals = np.empty(Dk, np.float32); qq = q[b, h]
+        qs = np.zeros((R, Gk), np.float32)
+        if hasbk:
+            for r in range(R):
+                for g in range(Gk):
+                    a = np.float32(0.0)
+                    for d in range(gk): a += qq[r, g * gk + d]
+                    qs[r, g] = a
+        kwh = kw[b, h]; ksh = ks[b, h]; kbh = kb[b, h]; Sh = S[b, h]
+        for t in range(c * chunk, min(n, (c + 1) * chunk)):
+            _unpack(kwh[t], kbits, Dk, ktab, vals)
+            for r in range(R):
+                tot = np.float32(0.0)
+                for g in range(Gk):
+                    a = np.float32(0.0)
+                    for d in range(gk): a += qq[r, g * gk + d] * vals[g * gk + d]
+                    tot += h2f[ksh[t, g]] * a
+                    if hasbk: tot += h2f[kbh[t, g]] * qs[r, g]
+                Sh[r, t] = tot
+    den = np.empty((B, H, R), np.float32)
+    for it in prange(B * H * R):  # the exact window's scores, one softmax over all (unnormalised: the division at the end)
+        b = it // (H * R); h = (it // R) % H; r = it % R
+        row = S[b, h, r]; qr = qx[b, h, r]
+        for t in range(nx):
+            a = np.float32(0.0)
+            for d in range(Dk): a += qr[d] * h2f[xk[b, h, t, d]]
+            row[n + t] = a
+        for t in range(T1):
+            a = np.float32(0.0)
+            for d in range(Dk): a += qr[d] * k1[b, h, t, d]
+            row[n + nx + t] = a
+        m = row[0]
+        for t in range(N): m = max(m, row[t])
+        tot = np.float32(0.0)
+        for t in range(N):
+            x = row[t] - m
+            e = np.exp(x) if x > MIN_LOGIT else np.float32(0.0)
+            row[t] = e; tot += e
+        den[b, h, r] = tot
+    part = np.zeros((B * H * nch, R, Dv), np.float32)
+    for it in prange(B * H * nch):  # the weights' mix of the value codes, per chunk
+        b = it // (H * nch); h = (it // nch) % H; c = it % nch
+        vals = np.empty(Dv, np.float32)
+        acc = np.zeros((R, Dv), np.float32); pb = np.zeros((R, Gv), np.float32)
+        vwh = vw[b, h]; vsh = vs[b, h]; vbh = vb[b, h]; Sh = S[b, h]
+        for t in range(c * chunk, min(n, (c + 1) * chunk)):
+            _unpack(vwh[t], vbits, Dv, vtab, vals)
+            for r in range(R):
+                p = Sh[r, t]
+                if p == 0.0: continue
+                for g in range(Gv):
+                    ps = p * h2f[vsh[t, g]]
+                    for d in range(gv): acc[r, g * gv + d] += ps * vals[g * gv + d]
+                    if hasbv: pb[r, g] += p * h2f[vbh[t, g]]
+        for r in range(R):
+            for d in range(Dv): part[it, r, d] = acc[r, d] + pb[r, d // gv]
+    out = np.zeros((B, H, R, Dv), np.float32); outx = np.zeros((B, H, R, Dv), np.float32)
+    for it in prange(B * H):  # the chunks' partial outputs, the exact window's values (apart: another domain when the codes are rotated), the division
+        b = it // H; h = it % H; o = out[b, h]; ox = outx[b, h]
+        for c in range(nch):
+            for r in range(R):
+                for d in range(Dv): o[r, d] += part[it * nch + c, r, d]
+        for r in range(R):
             for t in range(nx):
-                a = np.float32(0.0)
-                for d in range(Dk): a += qr[d] * h2f[xk[b, h, t, d]]
-                row[n + t] = a
+                p = S[b, h, r, n + t]
+                for d in range(Dv): ox[r, d] += p * h2f[xv[b, h, t, d]]
             for t in range(T1):
-                a = np.float32(0.0)
-                for d in range(Dk): a += qr[d] * k1[b, h, t, d]
-                row[n + nx + t] = a
-            m = row[0]
-            for t in range(N): m = max(m, row[t])
-            tot = np.float32(0.0)
-            for t in range(N):
-                x = row[t] - m
-                e = np.exp(x) if x > MIN_LOGIT else np.float32(0.0)
-                row[t] = e; tot += e
-            den[b, h, r] = tot
-        part = np.zeros((B * H * nch, R, Dv), np.float32)
-        for it in prange(B * H * nch):  # the weights' mix of the value codes, per chunk
-            b = it // (H * nch); h = (it // nch) % H; c = it % nch
-            vals = np.empty(Dv, np.float32)
-            acc = np.zeros((R, Dv), np.float32); pb = np.zeros((R, Gv), np.float32)
-            vwh = vw[b, h]; vsh = vs[b, h]; vbh = vb[b, h]; Sh = S[b, h]
-            for t in range(c * chunk, min(n, (c + 1) * chunk)):
-                unpack(vwh[t], vbits, Dv, vtab, vals)
-                for r in range(R):
-                    p = Sh[r, t]
-                    if p == 0.0: continue
-                    for g in range(Gv):
-                        ps = p * h2f[vsh[t, g]]
-                        for d in range(gv): acc[r, g * gv + d] += ps * vals[g * gv + d]
-                        if hasbv: pb[r, g] += p * h2f[vbh[t, g]]
-            for r in range(R):
-                for d in range(Dv): part[it, r, d] = acc[r, d] + pb[r, d // gv]
-        out = np.zeros((B, H, R, Dv), np.float32); outx = np.zeros((B, H, R, Dv), np.float32)
-        for it in prange(B * H):  # the chunks' partial outputs, the exact window's values (apart: another domain when the codes are rotated), the division
-            b = it // H; h = it % H; o = out[b, h]; ox = outx[b, h]
-            for c in range(nch):
-                for r in range(R):
-                    for d in range(Dv): o[r, d] += part[it * nch + c, r, d]
-            for r in range(R):
-                for t in range(nx):
-                    p = S[b, h, r, n + t]
-                    for d in range(Dv): ox[r, d] += p * h2f[xv[b, h, t, d]]
-                for t in range(T1):
-                    p = S[b, h, r, n + nx + t]
-                    for d in range(Dv): ox[r, d] += p * v1[b, h, t, d]
-                inv = np.float32(1.0) / den[b, h, r]
-                for d in range(Dv):
-                    o[r, d] *= inv; ox[r, d] *= inv
-        return out, outx
+                p = S[b, h, r, n + nx + t]
+                for d in range(Dv): ox[r, d] += p * v1[b, h, t, d]
+            inv = np.float32(1.0) / den[b, h, r]
+            for d in range(Dv):
+                o[r, d] *= inv; ox[r, d] *= inv
+    return out, outx
 
-    return step
+def _build():
+    """The kernel `_step_py`, compiled by numba (LLVM) with `parallel=True` (work items spread over the cores;
+    `numba.set_num_threads` bounds them) and `cache=True`: the machine code is kept on disk beside the module (or in
+    NUMBA_CACHE_DIR) and reused by later processes (module-level functions, no closure: a closure's pickled contents
+    would key a new cache entry in every process). OpenMP's idle threads are made to sleep rather than spin
+    (`OMP_WAIT_POLICY=PASSIVE`, unless set already; read when numba's OpenMP runtime loads, at the kernel's first
+    launch): spinning, they took the cores from the BLAS threads of the model's next matmuls, and the whole decode step
+    got slower (see "Benchmark")."""
+    global prange, _unpack
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import numba
+    prange = numba.prange
+    _unpack = numba.njit(inline="always")(_unpack_py)
+    try: return numba.njit(parallel=True, fastmath=True, cache=True)(_step_py)
+    except RuntimeError: return numba.njit(parallel=True, fastmath=True)(_step_py)  # no cache where numba cannot locate the source (code run with exec)
 
 # %% ../nbs/02b_cpu.ipynb #cpu00009
 _H2F = None

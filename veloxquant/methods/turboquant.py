@@ -170,6 +170,7 @@ class TurboQuantCodec(Codec):
     def cpu_layout(self, a):
         "This class itself (not the 'prod' keys), one channel group of 2, 3, 4 or 8 bits, no centering: the codes, norms as scales, the codebook, R (`veloxquant.cpu`)."
         if type(self) is not TurboQuantCodec or len(self.groups) != 1 or self.center or self.groups[0][2] not in CPU_BITS: return None
+        if self.head_dim * self.groups[0][2] % 32: return None  # words padded past the codes (e.g. head_dim 80 at 3 bits): not the kernel's layout
         return CpuLayout(a["c0"], a["norm"], self.groups[0][2], None, np.asarray(self._tables()[0], np.float32), self.R)
 
     def _tables(self):
