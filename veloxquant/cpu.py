@@ -10,7 +10,7 @@ import numpy as np
 import mlx.core as mx
 
 # %% auto #0
-__all__ = ['CPU_BITS', 'CHUNK_TOKENS', 'MIN_LOGIT', 'prange', 'CpuLayout', 'available', 'cpu_decode_attention']
+__all__ = ['CPU_BITS', 'CHUNK_TOKENS', 'MIN_LOGIT', 'CpuLayout', 'available', 'cpu_decode_attention']
 
 # %% ../nbs/02b_cpu.ipynb #cpu00006
 CPU_BITS = (2, 3, 4, 8)
@@ -67,7 +67,7 @@ def _announce(step) -> None:
     except Exception: return
     if not cached: print("veloxquant: compiling the native CPU decode kernel (numba; ~15 s on 2 cores, once: later processes load it from disk)", file=sys.stderr)
 
-prange = range   # numba.prange once `_build` ran (the kernel's parallel loops; plain loops in Python)
+_prange = range   # numba.prange once `_build` ran (the kernel's parallel loops; plain loops in Python)
 _unpack = None   # the jitted `_unpack_py` once `_build` ran
 
 def _unpack_py(row, bits, D, tab, out):
@@ -107,7 +107,7 @@ def _step_py(q, qx, kw, ks, kb, kbits, ktab, vw, vs, vb, vbits, vtab, n, xk, xv,
     N = n + nx + T1
     S = np.empty((B, H, R, N), np.float32)
     hasbk = kb.shape[3] > 0; hasbv = vb.shape[3] > 0
-    for it in prange(B * H * nch):  # scores over the codes, one chunk of tokens per work item
+    for it in _prange(B * H * nch):  # scores over the codes, one chunk of tokens per work item
         b = it // (H * nch); h = (it // nch) % H; c = it % nch
         vals = np.empty(Dk, np.float32); qq = q[b, h]
         qs = np.zeros((R, Gk), np.float32)
@@ -129,7 +129,7 @@ def _step_py(q, qx, kw, ks, kb, kbits, ktab, vw, vs, vb, vbits, vtab, n, xk, xv,
                     if hasbk: tot += h2f[kbh[t, g]] * qs[r, g]
                 Sh[r, t] = tot
     den = np.empty((B, H, R), np.float32)
-    for it in prange(B * H * R):  # the exact window's scores, one softmax over all (unnormalised: the division at the end)
+    for it in _prange(B * H * R):  # the exact window's scores, one softmax over all (unnormalised: the division at the end)
         b = it // (H * R); h = (it // R) % H; r = it % R
         row = S[b, h, r]; qr = qx[b, h, r]
         for t in range(nx):
@@ -149,7 +149,7 @@ def _step_py(q, qx, kw, ks, kb, kbits, ktab, vw, vs, vb, vbits, vtab, n, xk, xv,
             row[t] = e; tot += e
         den[b, h, r] = tot
     part = np.zeros((B * H * nch, R, Dv), np.float32)
-    for it in prange(B * H * nch):  # the weights' mix of the value codes, per chunk
+    for it in _prange(B * H * nch):  # the weights' mix of the value codes, per chunk
         b = it // (H * nch); h = (it // nch) % H; c = it % nch
         vals = np.empty(Dv, np.float32)
         acc = np.zeros((R, Dv), np.float32); pb = np.zeros((R, Gv), np.float32)
@@ -166,7 +166,7 @@ def _step_py(q, qx, kw, ks, kb, kbits, ktab, vw, vs, vb, vbits, vtab, n, xk, xv,
         for r in range(R):
             for d in range(Dv): part[it, r, d] = acc[r, d] + pb[r, d // gv]
     out = np.zeros((B, H, R, Dv), np.float32); outx = np.zeros((B, H, R, Dv), np.float32)
-    for it in prange(B * H):  # the chunks' partial outputs, the exact window's values (apart: another domain when the codes are rotated), the division
+    for it in _prange(B * H):  # the chunks' partial outputs, the exact window's values (apart: another domain when the codes are rotated), the division
         b = it // H; h = it % H; o = out[b, h]; ox = outx[b, h]
         for c in range(nch):
             for r in range(R):
@@ -191,10 +191,10 @@ def _build():
     (`OMP_WAIT_POLICY=PASSIVE`, unless set already; read when numba's OpenMP runtime loads, at the kernel's first
     launch): spinning, they took the cores from the BLAS threads of the model's next matmuls, and the whole decode step
     got slower (see "Benchmark")."""
-    global prange, _unpack
+    global _prange, _unpack
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import numba
-    prange = numba.prange
+    _prange = numba.prange
     _unpack = numba.njit(inline="always")(_unpack_py)
     try: return numba.njit(parallel=True, fastmath=True, cache=True)(_step_py)
     except RuntimeError: return numba.njit(parallel=True, fastmath=True)(_step_py)  # no cache where numba cannot locate the source (code run with exec)
