@@ -107,16 +107,17 @@ __global__ void vq_tile_partial(
 const uint vq_lane = threadIdx.x % 32, vq_warp = threadIdx.x / 32, vq_tid = threadIdx.x;
 const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
 
-// Chunk partials of one decode step over one decoded tile: qt [ROWS, DK] float32, the queries in the tile's key domain,
-// already multiplied by scale·log2(e); kt [B, Hkv, T, DK], vt [B, Hkv, T, DV] (half, bh = b·Hkv + kv) the tile's keys and values; tokens
-// [lo, T) count, lo = lref_shape[0] - 1. One threadgroup of NW simdgroups per (chunk of split = sref_shape[0] tokens, a runtime value, bh); simdgroups
+// Chunk partials of one decode step: qt [ROWS, DK] float32, the queries in the keys' (tile) domain, already multiplied by
+// scale·log2(e); tokens [lo, T) of each row bh = b·Hkv + kv count (the RANGE part sets T and lo); the KEY and VALUE parts load token
+// tok's key and value channels of this lane (a decoded tile's, or a codec's codes decoded in registers: `coded_partials`). One threadgroup of NW simdgroups per (chunk of split = sref_shape[0] tokens, a runtime value, bh); simdgroups
 // take U tokens at a time in turn, lanes own DK/32 key and DV/32 value channels, each simdgroup keeps the online softmax of the
 // REP query rows of its kv head (log2 units). Out, per (row = bh·REP + r, chunk): out_m (natural log units: the
 // merge's), out_l, out_acc [ROWS, NS, DV]; a chunk without a valid token writes m = -inf, l = 0, acc = 0.
 constexpr int KPL = DK / 32, VPL = DV / 32;
 VQ_SHARED float wm[NW * REP], wl[NW * REP], wacc[NW * REP * DV];
 const int chunk = vq_group_x, bh = vq_group_y;
-const int T = kt_shape[2], lo = lref_shape[0] - 1, split = sref_shape[0], ns = (T + split - 1) / split;
+const int T = kt_shape[2], lo = lref_shape[0] - 1;
+const int split = sref_shape[0], ns = (T + split - 1) / split;
 float q[REP][KPL], m[REP], l[REP], acc[REP][VPL];
 VQ_UNROLL
 for (int r = 0; r < REP; r++) {
@@ -131,13 +132,18 @@ for (int t = tb + U * (int)vq_warp; t < t1; t += U * NW) {   // U tokens per sim
   float s[U][REP], vv[U][VPL];
   VQ_UNROLL
   for (int u = 0; u < U; u++) {
-    const bool ok = t + u < t1;
-    const long ko = ((long)bh * T + (ok ? t + u : t)) * DK + vq_lane * KPL, vo = ((long)bh * T + (ok ? t + u : t)) * DV + vq_lane * VPL;
+    const int tok = t + u < t1 ? t + u : t;   // token tok of row bh: its key channels vq_lane·KPL + k into kk, values into vv[u]
     float kk[KPL];
-    VQ_UNROLL
-    for (int k = 0; k < KPL; k++) kk[k] = vq_float(kt[ko + k]);
-    VQ_UNROLL
-    for (int k = 0; k < VPL; k++) vv[u][k] = vq_float(vt[vo + k]);
+    {
+      const long ko = ((long)bh * T + tok) * DK + vq_lane * KPL;
+      VQ_UNROLL
+      for (int k = 0; k < KPL; k++) kk[k] = vq_float(kt[ko + k]);
+    }
+    {
+      const long vo = ((long)bh * T + tok) * DV + vq_lane * VPL;
+      VQ_UNROLL
+      for (int k = 0; k < VPL; k++) vv[u][k] = vq_float(vt[vo + k]);
+    }
     VQ_UNROLL
     for (int r = 0; r < REP; r++) {
       float d = 0.0f;

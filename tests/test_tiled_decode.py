@@ -20,6 +20,7 @@ def decode_pair(spec, B, Hkv, rep, D, n, bs, sinks=False, dtype=mx.float32, in_w
     "(tiled, reference) decode outputs of one cache of `spec` holding `n` tokens, and whether the tiled path ran."
     mx.random.seed(1)
     c = parse_method(spec).make_cache(); c.block_size = bs; c.cpu_step = False  # the tiled path, not the CPU step of cpu_fast codecs
+    c.coded_decode = False  # nor the codecs' decoders inside one kernel (tests/test_coded_decode.py)
     k, v = (mx.random.normal((B, Hkv, n, D)).astype(mx.float16) for _ in "kv")
     c.update_and_fetch(k, v); c.attend(mx.random.normal((B, Hkv * rep, n, D)).astype(dtype), k, v, D ** -0.5, "causal")
     k1, v1 = (mx.random.normal((B, Hkv, 1, D)).astype(mx.float16 if in_window else dtype) for _ in "kv")
@@ -116,7 +117,7 @@ def test_tile_kernel_equals_reference(DK, DV, rep, T, lo):
 def test_gpu_default_takes_the_tiles(spec):
     "On a GPU back-end the default (`tiled_decode = None`) runs the kernel path for the methods without kernels of their own."
     mx.random.seed(1)
-    c = parse_method(spec).make_cache()
+    c = parse_method(spec).make_cache(); c.coded_decode = False  # (with a `tile_reader`, the coded kernel first: tests/test_coded_decode.py)
     k, v = (mx.random.normal((1, 8, 3000, 128)).astype(mx.float16) for _ in "kv")
     q = mx.random.normal((1, 32, 3000, 128)).astype(mx.float16)
     c.update_and_fetch(k, v); c.attend(q, k, v, 128 ** -0.5, "causal")

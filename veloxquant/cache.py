@@ -74,6 +74,11 @@ class Codec:
     def shared_artifacts(self) -> dict[str, mx.array]:
         "Arrays shared by all layers (codebooks, rotations), keyed by a global name; counted once per model."
         return {}
+    def tile_reader(self):
+        """How the GPU decode over codes (`veloxquant.tiles.coded_decode`) reads this codec's stored arrays: a
+        `veloxquant.tiles.TileReader` whose decode of a token equals `key_tile` / `value_tile`; None: not this codec (the
+        decode over decoded tiles, or the reference path, runs)."""
+        return None
     def cpu_layout(self, arrays: dict[str, mx.array]):
         "The codes as the native CPU decode kernel reads them (`veloxquant.cpu.CpuLayout`), from a store's arrays; None: not this codec."
         return None
@@ -189,6 +194,7 @@ class VQCache(_BaseCache):
     window_buffer = True  # decode steps of float16 models write their token into a preallocated fp16 window (see "The decode step")
     decoded_prefill = None  # prefill chunks over codes attend to the decoded history with the fused SDPA: True, None = on GPU back-ends (on the CPU too where both codecs set `cpu_fast`), False = never
     tiled_decode = None  # decode steps without a fused kernel attend over decoded tiles (`veloxquant.tiles`): None = on GPU back-ends, True = always, False = never
+    coded_decode = None  # ... and first through the codecs' decoders inside one kernel where both give a `tile_reader` (GPU back-ends): None/True = there, False = never
     compiled_decode = False  # decode steps through `compiled_decode_attention`: True = always, None = on GPU back-ends only, False = never (default: not yet faster, see the notebook)
     attends_itself = True  # the dispatcher's protocol: mlx-lm's attention call goes to `attend`
 
@@ -466,16 +472,25 @@ class VQCache(_BaseCache):
         return query_blocked_sdpa(queries, K, V, scale, mask, sinks, self.prefill_score_budget)
 
     def _attend_tiles(self, queries, ek, ev, scale, sinks, n_exact=None):
-        """A decode step over decoded tiles of the codes (`tiles.tiled_decode`, windows of `decode_plan`) and the exact
-        tokens `ek`, `ev` (first `n_exact` count), where `tiled_decode` and both codecs' `attends_by_tiles()` say so; else None."""
+        """A decode step over the codes through the codecs' decoders inside one kernel (`tiles.coded_decode`, where both
+        codecs give a `tile_reader` and `coded_decode` says so), else over decoded tiles (`tiles.tiled_decode`, windows of
+        `decode_plan`, where `tiled_decode` and both codecs' `attends_by_tiles()` say so), with the exact tokens `ek`, `ev`
+        (first `n_exact` count); else None."""
         on = gpu.backend() is not None if self.tiled_decode is None else bool(self.tiled_decode)
         kc, vc = self.k_codec, self.v_codec
-        if not on or queries.shape[1] % ek.shape[1] or not (kc.attends_by_tiles() and vc.attends_by_tiles()): return None
+        if not on or queries.shape[1] % ek.shape[1]: return None
         if type(self)._blocks is not VQCache._blocks: return None  # a subclass restores its blocks another way (cache groups, eviction)
+        key = (type(kc), type(vc), self.dims, self.config.to_json())
+        if self.coded_decode is not False and gpu.backend() is not None:
+            try: out = tiles.coded_decode(kc, vc, queries, self.k_store.arrays, self.v_store.arrays, self.k_store.length,
+                                          ek, ev, scale, sinks, n_exact, key=key)
+            except gpu.KernelFailed: out = None  # the safety net warned once: the tiles below
+            if out is not None: return out
+        if not (kc.attends_by_tiles() and vc.attends_by_tiles()): return None
         bs, g = self.block_size or tiles.window_tokens(ek.shape[0], ek.shape[1], ek.shape[3]), self._group()
         bs = max(g, bs - bs % g)  # windows start at multiples of the token group
         wins = [(self.k_store.slice(s, s + P), self.v_store.slice(s, s + P), lo) for s, P, lo in decode_plan(self.k_store.length, bs)]
-        try: return tiles.tiled_decode(kc, vc, queries, wins, ek, ev, scale, sinks, n_exact, key=(type(kc), type(vc), self.dims, self.config.to_json()))
+        try: return tiles.tiled_decode(kc, vc, queries, wins, ek, ev, scale, sinks, n_exact, key=key)
         except gpu.KernelFailed: return None  # the safety net warned once: the paths below
 
     def _use_compiled(self) -> bool:

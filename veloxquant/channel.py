@@ -7,10 +7,11 @@ from __future__ import annotations
 import mlx.core as mx
 import veloxquant.gpu as gpu
 from .cache import Codec
+from .tiles import TileReader
 
 # %% auto #0
 __all__ = ['TOKEN_GROUPS', 'CHANNEL_BITS', 'check_token_group', 'spread', 'gather', 'quantize_channels', 'dequantize_channels',
-           'channel_scores', 'ChannelCodec', 'select_outliers', 'scatter_outliers']
+           'channel_scores', 'ChannelCodec', 'channel_reader', 'select_outliers', 'scatter_outliers']
 
 # %% ../nbs/03c_channel.ipynb #0b6d62db
 TOKEN_GROUPS = (32, 64, 128)   # tokens per per-channel group: the group sizes `mx.quantize` takes along its last axis
@@ -106,6 +107,27 @@ class ChannelCodec(Codec):
         return blk["w"].reshape(B, H, t // self.G, self.head_dim, self.G * self.bits // 32), sb[..., :1], sb[..., 1:]
     def decode(self, blk): return dequantize_channels(*self.unpack(blk), self.bits, self.G)
     def scores(self, q, blk): return channel_scores(q, *self.unpack(blk), self.bits, self.G)
+    def tile_reader(self):
+        "The decode over codes in one kernel (`veloxquant.tiles.coded_decode`) reads `w` and `p` as they are (`channel_reader`)."
+        return channel_reader(self.head_dim, self.bits, self.G, 4 * self.head_dim // self.G)
+
+def channel_reader(head_dim: int, bits: int, G: int, pbytes: int, fields=("w", "p")) -> TileReader:
+    """`TileReader` of the per-channel layout (`quantize_channels`, stored as `ChannelCodec` stores it): codes `w` uint32
+    [B, H, CAP, head_dim·bits/32] (per group of `G` tokens, channel c's G codes in words c·G·bits/32 on of the group's
+    words) and `p` uint8 [B, H, CAP, pbytes] (`spread`: the group's bytes start with its float16 scales [head_dim] and
+    biases [head_dim]). Token j of a group, channel c = scale[c]·code + bias[c]. head_dim even."""
+    w, p = fields
+    code = f"""const int g_ = tok / {G}, j_ = (tok % {G}) * {bits};
+const long r0_ = (long)bh * $CAP + (long)g_ * {G};             // the group's first token
+const long wb_ = r0_ * {head_dim * bits // 32} + (j_ >> 5), pb_ = r0_ * {pbytes};
+VQ_UNROLL
+for (int i_ = 0; i_ < @PL; i_ += 2) {{                        // channel pairs: one word of scales, one of biases
+  const int c_ = vq_lane * @PL + i_;
+  const float2 s_ = vq_h2_float2(vq_load1(${p}, pb_ + 2 * c_)), z_ = vq_h2_float2(vq_load1(${p}, pb_ + 2 * ({head_dim} + c_)));
+  @OUT[i_] = s_.x * (float)VQ_FIELD(${w}, wb_ + (long)c_ * {G * bits // 32}, j_ & 31, {bits}) + z_.x;
+  @OUT[i_ + 1] = s_.y * (float)VQ_FIELD(${w}, wb_ + (long)(c_ + 1) * {G * bits // 32}, j_ & 31, {bits}) + z_.y;
+}}"""
+    return TileReader(code, {w: "uint32", p: "uint8"}, head_dim)
 
 # %% ../nbs/03c_channel.ipynb #c468f51b
 def select_outliers(x: mx.array, k: int, center=None):

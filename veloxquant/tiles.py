@@ -4,28 +4,31 @@
 
 # %% ../nbs/03e_tiles.ipynb #c4c30d01
 from __future__ import annotations
-import math
+import hashlib, math
 import mlx.core as mx
 import veloxquant.gpu as gpu
 import veloxquant.gpu_decode as gpu_decode
 
 # %% auto #0
 __all__ = ['TILE_PARTIAL_BODY', 'TILE_PARTIAL_INPUTS', 'TILE_PARTIAL_CU_TYPES', 'TILE_WARPS', 'TILE_TOKENS', 'TILE_TARGET_GROUPS',
-           'COMPILE_TILES', 'TILE_BYTES', 'TILE_MIN_TOKENS', 'TILE_MAX_TOKENS', 'window_tokens', 'tile_partials',
-           'tile_partials_reference', 'merge_reference', 'tiled_decode']
+           'COMPILE_TILES', 'TILE_BYTES', 'TILE_MIN_TOKENS', 'TILE_MAX_TOKENS', 'CODED_MAX_DIM', 'window_tokens',
+           'tile_partials', 'tile_partials_reference', 'merge_reference', 'tiled_decode', 'TileReader',
+           'quantized_reader', 'coded_body', 'coded_types', 'register_coded_kernel', 'coded_supported',
+           'coded_partials', 'coded_decode']
 
 # %% ../nbs/03e_tiles.ipynb #9bd388b1
-TILE_PARTIAL_BODY = r"""
-// Chunk partials of one decode step over one decoded tile: qt [ROWS, DK] float32, the queries in the tile's key domain,
-// already multiplied by scale·log2(e); kt [B, Hkv, T, DK], vt [B, Hkv, T, DV] (half, bh = b·Hkv + kv) the tile's keys and values; tokens
-// [lo, T) count, lo = lref_shape[0] - 1. One threadgroup of NW simdgroups per (chunk of split = sref_shape[0] tokens, a runtime value, bh); simdgroups
+_PARTIAL_TEMPLATE = r"""
+// Chunk partials of one decode step: qt [ROWS, DK] float32, the queries in the keys' (tile) domain, already multiplied by
+// scale·log2(e); tokens [lo, T) of each row bh = b·Hkv + kv count (the RANGE part sets T and lo); the KEY and VALUE parts load token
+// tok's key and value channels of this lane (a decoded tile's, or a codec's codes decoded in registers: `coded_partials`). One threadgroup of NW simdgroups per (chunk of split = sref_shape[0] tokens, a runtime value, bh); simdgroups
 // take U tokens at a time in turn, lanes own DK/32 key and DV/32 value channels, each simdgroup keeps the online softmax of the
 // REP query rows of its kv head (log2 units). Out, per (row = bh·REP + r, chunk): out_m (natural log units: the
 // merge's), out_l, out_acc [ROWS, NS, DV]; a chunk without a valid token writes m = -inf, l = 0, acc = 0.
 constexpr int KPL = DK / 32, VPL = DV / 32;
 VQ_SHARED float wm[NW * REP], wl[NW * REP], wacc[NW * REP * DV];
 const int chunk = vq_group_x, bh = vq_group_y;
-const int T = kt_shape[2], lo = lref_shape[0] - 1, split = sref_shape[0], ns = (T + split - 1) / split;
+@RANGE@
+const int split = sref_shape[0], ns = (T + split - 1) / split;
 float q[REP][KPL], m[REP], l[REP], acc[REP][VPL];
 VQ_UNROLL
 for (int r = 0; r < REP; r++) {
@@ -40,13 +43,10 @@ for (int t = tb + U * (int)vq_warp; t < t1; t += U * NW) {   // U tokens per sim
   float s[U][REP], vv[U][VPL];
   VQ_UNROLL
   for (int u = 0; u < U; u++) {
-    const bool ok = t + u < t1;
-    const long ko = ((long)bh * T + (ok ? t + u : t)) * DK + vq_lane * KPL, vo = ((long)bh * T + (ok ? t + u : t)) * DV + vq_lane * VPL;
+    const int tok = t + u < t1 ? t + u : t;   // token tok of row bh: its key channels vq_lane·KPL + k into kk, values into vv[u]
     float kk[KPL];
-    VQ_UNROLL
-    for (int k = 0; k < KPL; k++) kk[k] = vq_float(kt[ko + k]);
-    VQ_UNROLL
-    for (int k = 0; k < VPL; k++) vv[u][k] = vq_float(vt[vo + k]);
+@KEY@
+@VALUE@
     VQ_UNROLL
     for (int r = 0; r < REP; r++) {
       float d = 0.0f;
@@ -101,6 +101,23 @@ for (int i = vq_tid; i < REP * DV; i += 32 * NW) {
   if (i % DV == 0) { out_m[row * ns + chunk] = M * 0.6931471805599453f; out_l[row * ns + chunk] = L; }
 }
 """
+_TILE_LOADS = dict(RANGE="const int T = kt_shape[2], lo = lref_shape[0] - 1;", KEY="""    {
+      const long ko = ((long)bh * T + tok) * DK + vq_lane * KPL;
+      VQ_UNROLL
+      for (int k = 0; k < KPL; k++) kk[k] = vq_float(kt[ko + k]);
+    }""", VALUE="""    {
+      const long vo = ((long)bh * T + tok) * DV + vq_lane * VPL;
+      VQ_UNROLL
+      for (int k = 0; k < VPL; k++) vv[u][k] = vq_float(vt[vo + k]);
+    }""")
+
+def _fill(template: str, **parts) -> str:
+    "`template` with each `@NAME@` replaced by `parts[NAME]`."
+    for k, v in parts.items(): template = template.replace(f"@{k}@", v)
+    return template
+
+# Decoded tiles: kt [B, Hkv, T, DK], vt [B, Hkv, T, DV] (half); tokens [lo, T) count, lo = lref_shape[0] - 1.
+TILE_PARTIAL_BODY = _fill(_PARTIAL_TEMPLATE, **_TILE_LOADS)
 TILE_PARTIAL_INPUTS = ["qt", "kt", "vt", "lref", "sref"]
 TILE_PARTIAL_CU_TYPES = dict(inputs=[("qt", "float32"), ("kt", "float16"), ("vt", "float16"), ("lref", "uint8"), ("sref", "uint8")],
                              outputs=[("out_m", "float32"), ("out_l", "float32"), ("out_acc", "float32")])
@@ -187,6 +204,16 @@ class _TileFns:
         self.rot = None if vm is None else mx.contiguous(vm.astype(f32).T)   # the merge's rot: out = acc·rotᵀ = acc·M
         if self.rot is not None: mx.eval(self.rot)
 
+def _tile_fns(kc, vc, key, dtype) -> _TileFns:
+    "The shared `_TileFns` of a codec configuration: compiled pieces are shared by every layer with `key`; uncompiled codecs (e.g. a mean of their own sequence) are their own."
+    compiled = COMPILE_TILES and kc.compilable and vc.compilable
+    k = (key if key is not None and compiled else (id(kc), id(vc)), dtype, compiled)
+    fns = _FNS.get(k)
+    if fns is None:
+        if len(_FNS) > 256: _FNS.clear()
+        fns = _FNS[k] = _TileFns(kc, vc, dtype, compiled)
+    return fns
+
 def tiled_decode(kc, vc, queries, windows, ek, ev, scale: float, sinks=None, n_exact=None, key=None, kernel=None):
     """One decode step's attention over codes through decoded tiles, for any codec pair whose `attends_by_tiles()` is
     True: for each history window `(key block, value block, lo)` (e.g. `veloxquant.cache.decode_plan`: tokens [lo, size)
@@ -202,13 +229,7 @@ def tiled_decode(kc, vc, queries, windows, ek, ev, scale: float, sinks=None, n_e
     B, Hq, L, D = queries.shape; Hkv = ek.shape[1]; rep = Hq // Hkv
     kernel = gpu.backend() is not None if kernel is None else kernel
     dtype = mx.float16 if kernel else mx.float32
-    compiled = COMPILE_TILES and kc.compilable and vc.compilable
-    # compiled pieces are shared by every layer with `key`; uncompiled codecs (e.g. a mean of their own sequence) are their own
-    k = (key if key is not None and compiled else (id(kc), id(vc)), dtype, compiled)
-    fns = _FNS.get(k)
-    if fns is None:
-        if len(_FNS) > 256: _FNS.clear()
-        fns = _FNS[k] = _TileFns(kc, vc, dtype, compiled)
+    fns = _tile_fns(kc, vc, key, dtype)
     qt = fns.prep(queries, Hkv, float(scale) * _LOG2E)
     Dv = ev.shape[-1]  # the kernels' lanes own D/32 channels and keep REP rows of partials in threadgroup memory:
     kernel = kernel and qt.shape[-1] % 32 == 0 and Dv % 32 == 0 and D % 32 == 0 and 4 * TILE_WARPS * rep * (Dv + 2) <= gpu._smem_limit()
@@ -224,3 +245,114 @@ def tiled_decode(kc, vc, queries, windows, ek, ev, scale: float, sinks=None, n_e
     if not kernel: return merge_reference(m, l, acc, queries, ek, ev, scale, sinks, n_exact, fns.rot)
     return gpu_decode._merge_partials(m, l, acc, queries, ek.astype(dt), ev.astype(dt), sinks, scale, rep, gpu.MERGE_WARPS, dt,
                                n_exact, rot=fns.rot, out_shape=(B, Hq, 1, D))
+
+# %% ../nbs/03e_tiles.ipynb #c0ded001
+# Decoders inside the kernel: the partials kernel of the tile path with the codecs' own decode of one token spliced in
+# (`TileReader`), over the store's arrays as they are: no tile in memory, one launch for the whole coded history.
+_FIELD_DEFINE = r"""#define VQ_FIELD(p, o, s, nb) ((((s) + (nb) <= 32) ? ((p)[o] >> (s)) : (((p)[o] >> (s)) | ((p)[(o) + 1] << (32 - (s))))) & ((1u << (nb)) - 1u))
+"""
+CODED_MAX_DIM = 256  # head dims (tile domains) up to this many channels: DK/32 + DV/32 floats per lane and token
+
+class TileReader:
+    """How the kernel of `coded_partials` reads one codec's codes: `code`, C++ statements (one text for Metal and CUDA,
+    through `veloxquant.gpu`'s compatibility header) that write the channels `vq_lane·@PL + j` (j < @PL) of token `tok`
+    of row `bh` (= b·n_kv_heads + h) as floats into `@OUT[j]` — exactly what the codec's `key_tile` / `value_tile` hold,
+    in the domain of its `tile_query` / `value_map`. In `code`, `$name` is an input: a store array of `fields` (name →
+    dtype name, as the store holds it: [B, H, CAP, ...], `$CAP` their capacity) or a constant array of `consts`
+    (codebooks, tables; float32); `VQ_FIELD(p, o, s, nb)` is the `nb`-bit code at bit `s` of word `o` of a little-endian
+    bit stream of uint32 words (`pack_bits`' and `mx.quantize`'s layout), a code may straddle two words. Names ending in
+    `_` are the code's own. `dims`: channels per token (the tile's DK or DV, a multiple of 64 for the kernel).
+    `name`: a digest of all that (kernels are compiled and cached per reader pair)."""
+    def __init__(self, code: str, fields: dict, dims: int, consts: dict | None = None):
+        if not fields: raise ValueError("a TileReader reads at least one store array (fields is empty)")
+        self.code, self.fields, self.dims, self.consts = code, dict(fields), int(dims), dict(consts or {})
+        text = repr((code, sorted(self.fields.items()), self.dims, sorted(self.consts)))
+        self.name = hashlib.sha1(text.encode()).hexdigest()[:12]
+    def names(self, side: str) -> list[str]: return [side + f for f in self.fields] + [side + c for c in self.consts]
+    def inputs(self, arrays: dict) -> list: return [arrays[f] for f in self.fields] + list(self.consts.values())
+    def types(self, side: str) -> list: return [(side + f, d) for f, d in self.fields.items()] + [(side + c, "float32") for c in self.consts]
+    def text(self, side: str, pl: str, out: str) -> str:
+        "`code` for one side of the kernel: inputs prefixed by `side`, `@PL` / `@OUT` given, in a scope of its own."
+        body = self.code.replace("$CAP", side + "CAP").replace("$", side).replace("@PL", pl).replace("@OUT", out)
+        return "    {\n" + "\n".join("      " + ln for ln in body.strip("\n").splitlines()) + "\n    }"
+
+def quantized_reader(head_dim: int, bits: int, group_size: int, fields=("w", "scales", "biases")) -> TileReader:
+    """`TileReader` of `mx.quantize`'s layout (per token, groups of `group_size` channels): codes uint32 [B, H, CAP,
+    head_dim·bits/32], scales and biases float16 [B, H, CAP, head_dim/group_size] named by `fields`; channel c of a token
+    = scale·code + bias (`mx.dequantize`)."""
+    w, s, b = fields
+    code = f"""const long r_ = (long)bh * $CAP + tok;
+VQ_UNROLL
+for (int j_ = 0; j_ < @PL; j_++) {{
+  const int c_ = vq_lane * @PL + j_, b_ = c_ * {bits};
+  const uint x_ = VQ_FIELD(${w}, r_ * {head_dim * bits // 32} + (b_ >> 5), b_ & 31, {bits});
+  const long g_ = r_ * {head_dim // group_size} + c_ / {group_size};
+  @OUT[j_] = vq_float(${s}[g_]) * (float)x_ + vq_float(${b}[g_]);
+}}"""
+    return TileReader(code, {w: "uint32", s: "float16", b: "float16"}, head_dim)
+
+_CODED: dict = {}  # (key reader name, value reader name) -> (kernel name, body, input names)
+
+def coded_body(rk: TileReader, rv: TileReader) -> str:
+    "The partials kernel's body for a key and a value reader: tokens [0, n) of the stores, n = nref_shape[0]."
+    first = lambda r, side: side + next(iter(r.fields))
+    rng = (f"const int T = nref_shape[0], lo = 0;\nconst int k_CAP = {first(rk, 'k_')}_shape[2], v_CAP = {first(rv, 'v_')}_shape[2];\n"
+           + _FIELD_DEFINE)
+    return _fill(_PARTIAL_TEMPLATE, RANGE=rng, KEY=rk.text("k_", "KPL", "kk"), VALUE=rv.text("v_", "VPL", "vv[u]"))
+
+def coded_types(rk: TileReader, rv: TileReader) -> dict:
+    "The kernel's signature types (as `gpu.cuda_source` takes them)."
+    return dict(inputs=[("qt", "float32"), *rk.types("k_"), *rv.types("v_"), ("nref", "uint8"), ("sref", "uint8")],
+                outputs=[(o, "float32") for o in gpu.DECODE_PARTIAL_OUTPUTS])
+
+def register_coded_kernel(name: str, rk: TileReader, rv: TileReader, rep: int = 4) -> str:
+    "Register the coded partials kernel of a reader pair under `name` (its plain-file copies in `kernels/`, nvcc-checked)."
+    return gpu.register_kernel(name, coded_body(rk, rv), coded_types(rk, rv),
+                               dict(DK=rk.dims, DV=rv.dims, REP=rep, NW=TILE_WARPS, U=TILE_TOKENS))
+
+def coded_supported(rk: TileReader, rv: TileReader, rep: int) -> bool:
+    "Whether `coded_partials` takes this reader pair and `rep` query heads per KV head (dims, threadgroup memory)."
+    return (rk.dims % 64 == 0 and rv.dims % 64 == 0 and max(rk.dims, rv.dims) <= CODED_MAX_DIM and rep >= 1
+            and 4 * TILE_WARPS * rep * (rv.dims + 2) <= gpu._smem_limit())
+
+def coded_partials(qt: mx.array, rk: TileReader, rv: TileReader, k_arrays: dict, v_arrays: dict, n: int, rep: int):
+    """Chunk partials of one decode step over the first `n` tokens of a cache's stores, each token's key and value decoded
+    in registers by the readers (no tile in memory; one launch for the whole history): `qt` float32 [ROWS, DK] the
+    queries in the key domain times scale·log2(e), rows = (batch · kv head) · rep + r; `k_arrays` / `v_arrays` the
+    stores' arrays [B, Hkv, CAP, ...]. Returns `m`, `l` [ROWS, NS], `acc` [ROWS, NS, DV] float32 as `tile_partials`.
+    Raises `gpu.KernelFailed` where the kernel cannot run (the caller falls back); GPU back-ends only."""
+    k = (rk.name, rv.name)
+    c = _CODED.get(k)
+    if c is None:
+        names = ("qt", *rk.names("k_"), *rv.names("v_"), "nref", "sref")
+        c = _CODED[k] = (f"vq_coded_{rk.name}_{rv.name}", coded_body(rk, rv), names)
+    kname, body, names = c
+    a0 = k_arrays[next(iter(rk.fields))]
+    BH = a0.shape[0] * a0.shape[1]
+    split = gpu.decode_split(n, BH, TILE_TARGET_GROUPS, warps=TILE_WARPS); ns = -(-n // split)
+    kern = gpu._kernel(kname, body, names, tuple(gpu.DECODE_PARTIAL_OUTPUTS), gpu.backend())
+    rows = BH * rep
+    return kern(inputs=[qt, *rk.inputs(k_arrays), *rv.inputs(v_arrays), gpu._nref(n), gpu._nref(split)],
+                template=[("DK", rk.dims), ("DV", rv.dims), ("REP", rep), ("NW", TILE_WARPS), ("U", TILE_TOKENS)],
+                grid=(32 * TILE_WARPS * ns, BH, 1), threadgroup=(32 * TILE_WARPS, 1, 1),
+                output_shapes=[(rows, ns), (rows, ns), (rows, ns, rv.dims)], output_dtypes=[mx.float32] * 3)
+
+def coded_decode(kc, vc, queries, k_arrays: dict, v_arrays: dict, n: int, ek, ev, scale: float, sinks=None, n_exact=None, key=None):
+    """One decode step's attention over the first `n` codes of a cache's stores (`k_arrays`, `v_arrays`) through the codecs'
+    `tile_reader()`s decoded inside the partials kernel (`coded_partials`), then the merge with the exact tokens `ek`, `ev`
+    [B, Hkv, E, D] (first `n_exact` count), the sink logits [Hq] and the value codec's `value_map`, as `tiled_decode`.
+    `queries` [B, Hq, 1, D]; returns [B, Hq, 1, D] in their dtype, or None where it does not apply (no GPU back-end, a
+    codec without a reader, dims or rows the kernel does not take). Raises `gpu.KernelFailed` where a kernel cannot run."""
+    if gpu.backend() is None: return None
+    rk, rv = kc.tile_reader(), vc.tile_reader()
+    B, Hq, L, D = queries.shape; Hkv = ek.shape[1]
+    if rk is None or rv is None or L != 1 or Hq % Hkv or not coded_supported(rk, rv, Hq // Hkv) or n < 1: return None
+    rep = Hq // Hkv
+    fns = _tile_fns(kc, vc, key, mx.float16)
+    qt = fns.prep(queries, Hkv, float(scale) * _LOG2E)
+    if qt.shape[-1] != rk.dims or ev.shape[-1] != D: return None
+    m, l, acc = coded_partials(qt, rk, rv, k_arrays, v_arrays, n, rep)
+    dt = queries.dtype
+    return gpu_decode._merge_partials(m, l, acc, queries, ek.astype(dt), ev.astype(dt), sinks, scale, rep, gpu.MERGE_WARPS, dt,
+                                      n_exact, rot=fns.rot, out_shape=(B, Hq, 1, D))
+

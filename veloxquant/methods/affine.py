@@ -10,6 +10,7 @@ from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, c
 from ..cache import Codec, VQCache
 from ..quant import code_planes, plane_order, affine_plane_scores, affine_plane_mix
 from ..cpu import CpuLayout, CPU_BITS
+from ..tiles import quantized_reader
 import numpy as np
 import veloxquant.gpu as gpu
 from ..gpu import (
@@ -89,9 +90,11 @@ class AffineCodec(Codec):
         B, H, rep, L, t = p.shape  # CPU: plane by plane (`quant.affine_plane_mix`)
         return affine_plane_mix(p.reshape(B, H, rep * L, t), ps, blk["scales"], blk["biases"], self.gs, self._order[1]).reshape(B, H, rep, L, -1)
 
+    def _own(self): return all(getattr(type(self), f) is getattr(AffineCodec, f) for f in ("decode", "scores", "mix"))  # not a subclass's other arithmetic
     def cpu_layout(self, a):  # the native CPU decode kernel reads mx.quantize's words as they are (`veloxquant.cpu`)
-        own = all(getattr(type(self), f) is getattr(AffineCodec, f) for f in ("decode", "scores", "mix"))  # not a subclass's other arithmetic
-        return CpuLayout(a["w"], a["scales"], self.bits, a["biases"]) if own and self.bits in CPU_BITS else None
+        return CpuLayout(a["w"], a["scales"], self.bits, a["biases"]) if self._own() and self.bits in CPU_BITS else None
+    def tile_reader(self):  # ... and so does the GPU decode over codes in one kernel (`veloxquant.tiles.coded_decode`)
+        return quantized_reader(self.head_dim, self.bits, self.gs) if self._own() else None
 
 def _cpu_fast(*codecs):  # this method's codecs take the CPU shortcuts (other methods built on AffineCodec keep their outputs)
     for c in codecs: c.cpu_fast = True

@@ -10,7 +10,8 @@ import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int
 from ..cache import Codec, VQCache
 from ..channel import (TOKEN_GROUPS, check_token_group, spread, gather, quantize_channels, dequantize_channels,
-                                select_outliers, scatter_outliers)
+                                select_outliers, scatter_outliers, channel_reader)
+from ..tiles import TileReader, quantized_reader, register_coded_kernel
 
 # %% auto #0
 __all__ = ['METHOD', 'STANDARD_SETTINGS', 'power_iteration', 'GearCodec', 'GearConfig']
@@ -109,6 +110,37 @@ class GearCodec(Codec):
             vals, idx = parts
             x = scatter_outliers(x.reshape(B, H, ng, G * D), vals, idx)
         return x.reshape(B, H, t, D)
+    def tile_reader(self):
+        """The decode over codes in one kernel (`veloxquant.tiles.coded_decode`): the backbone's reader (`channel_reader` /
+        `quantized_reader`) plus the low-rank term a·Bᵀ read in place; None with outliers (a token's sparse entries sit in
+        its group's list: not read per token)."""
+        if self.k: return None
+        D, G, r = self.head_dim, self.G, self.rank
+        P = (4 * D if self.key else 0) + 2 * D * r; pbytes = (P + (-P % G)) // G  # `spread`'s bytes per token
+        if self.key: base = channel_reader(D, self.bits, G, pbytes)
+        else: base = quantized_reader(D, self.bits, self.vg, fields=("w", "s", "b"))
+        if not r: return base
+        boff = 4 * D if self.key else 0  # B [D, r] float16 after the key scales and biases in the group's bytes
+        low = f"""{{                                                  // + a[tok] · B[c] (rank {r})
+  const long rt_ = (long)bh * $CAP + tok, bb_ = ((long)bh * $CAP + (long)(tok / {G}) * {G}) * {pbytes} + {boff};
+  float a_[{r}];
+  VQ_UNROLL
+  for (int k_ = 0; k_ < {r}; k_++) a_[k_] = vq_float($a[rt_ * {r} + k_]);
+  VQ_UNROLL
+  for (int i_ = 0; i_ < @PL; i_++) {{
+    const long hb_ = bb_ + 2L * ((long)(vq_lane * @PL + i_) * {r});
+    float y_ = 0.0f;
+    VQ_UNROLL
+    for (int k_ = 0; k_ < {r}; k_++) {{                          // B[c, k]: a float16 at a 2-byte aligned offset
+      const long o_ = hb_ + 2L * k_;
+      const float2 h_ = vq_h2_float2(vq_load1($p, o_ & ~3L));
+      y_ += a_[k_] * ((o_ & 2L) ? h_.y : h_.x);
+    }}
+    @OUT[i_] += y_;
+  }}
+}}"""
+        fields = dict(base.fields); fields.update(a="float16", p="uint8")
+        return TileReader("{\n" + base.code + "\n}\n" + low, fields, D)
 
 # %% ../../nbs/methods/gear.ipynb #7a46f894
 @dataclass
@@ -147,3 +179,5 @@ def _make(config: KVCacheConfig):
 METHOD = register_method("gear", GearConfig, _make,
                          "GEAR: KIVI-style low-bit codes + low-rank error (power iteration) + sparse fp16 outliers, fp16 recent buffer (Kang et al., 2024)")
 STANDARD_SETTINGS = [dict(), dict(rank=1, outlier_pct=1.0), dict(key_bits=4, value_bits=4, rank=1)]
+# the decode over codes in one kernel (`veloxquant.tiles.coded_decode`) at the defaults, head_dim 128: kernels/gear_coded.*
+register_coded_kernel("gear_coded", *(c.tile_reader() for c in _make(KVCacheConfig("gear"))._make_codecs(128, 128)))

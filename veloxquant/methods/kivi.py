@@ -10,6 +10,7 @@ from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, c
 from ..cache import VQCache
 from ..channel import ChannelCodec, TOKEN_GROUPS
 from .affine import AffineCodec
+from ..tiles import register_coded_kernel
 
 # %% auto #0
 __all__ = ['KIVI_BITS', 'METHOD', 'STANDARD_SETTINGS', 'KiviConfig', 'kivi_codecs']
@@ -54,3 +55,5 @@ def _make(config: KVCacheConfig):
 METHOD = register_method("kivi", KiviConfig, _make,
                          "KIVI: keys per channel over groups of tokens, values per token, asymmetric 2/4-bit, fp16 residual (Liu et al., ICML 2024)")
 STANDARD_SETTINGS = [dict(), dict(key_bits=4, value_bits=4), dict(group_size=128, value_group=64, window=0, sinks=4)]
+# the decode over codes in one kernel (`veloxquant.tiles.coded_decode`) at the defaults, head_dim 128: kernels/kivi_coded.*
+register_coded_kernel("kivi_coded", *(c.tile_reader() for c in _make(KVCacheConfig("kivi"))._make_codecs(128, 128)))

@@ -12,6 +12,7 @@ from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, c
 from ..cache import Codec, VQCache
 from ..quant import rotation, pack_bits, unpack_bits, packed_words, lookup
 from .affine import AffineCodec
+from ..tiles import TileReader, register_coded_kernel
 
 # %% auto #0
 __all__ = ['POLAR_KEY_BITS', 'POLAR_DEEP_BITS', 'POLAR_VALUE_BITS', 'METHOD', 'STANDARD_SETTINGS', 'angle_codebook',
@@ -126,6 +127,31 @@ class PolarKeyCodec(Codec):
     tiled = True  # decode over tiles: rotated queries against the rotated keys (scores as above)
     def tile_query(self, q): return q @ self.R
     def key_tile(self, blk, dtype): return self.rotated(blk).astype(dtype)
+    def tile_reader(self):
+        """The decode over codes in one kernel (`veloxquant.tiles.coded_decode`): `rotated` per channel c, in registers —
+        the radius r[c >> L] times, level by level, cos or sin of the angle codes' centroids (a table `tab` of cos and sin
+        per level, so no trigonometry in the kernel), the level-1 angle last."""
+        if getattr(self, "_reader", None) is not None: return self._reader
+        D, L = self.head_dim, self.L
+        tab, o, offs = [], 0, {}
+        for lv in range(1, L + 1):
+            c = np.asarray(self.cent[lv], dtype=np.float64); offs[lv] = (o, len(c)); o += 2 * len(c)
+            tab += [np.cos(c), np.sin(c)]
+        lines = [f"const long r_ = (long)bh * $CAP + tok;", "VQ_UNROLL", "for (int i_ = 0; i_ < @PL; i_++) {",
+                 "  const int c_ = vq_lane * @PL + i_;", f"  float y_ = vq_float($r[r_ * {D >> L} + (c_ >> {L})]);"]
+        d0 = 0
+        for lv in range(2, L + 1): offs[lv] += (d0,); d0 += D >> lv
+        for lv in range(L, 1, -1):  # deeper codes: level lv's D >> lv codes after those of the levels above 1 and below lv
+            ot, K, od = offs[lv]
+            lines += [f"  {{ const int b_ = ({od} + (c_ >> {lv})) * {self.db};",
+                      f"    y_ *= $tab[{ot} + (((c_ >> {lv - 1}) & 1) ? {K} : 0) + VQ_FIELD($ad, r_ * {packed_words(self.n_deep, self.db)} + (b_ >> 5), b_ & 31, {self.db})]; }}"]
+        ot, K = offs[1]
+        lines += [f"  {{ const int b_ = (c_ >> 1) * {self.kb};",
+                  f"    y_ *= $tab[{ot} + ((c_ & 1) ? {K} : 0) + VQ_FIELD($a1, r_ * {packed_words(D // 2, self.kb)} + (b_ >> 5), b_ & 31, {self.kb})]; }}",
+                  "  @OUT[i_] = y_;", "}"]
+        fields = {"r": "float16", "a1": "uint32", **({"ad": "uint32"} if L > 1 else {})}
+        self._reader = TileReader("\n".join(lines), fields, D, {"tab": mx.array(np.concatenate(tab).astype(np.float32))})
+        return self._reader
 
     def shared_artifacts(self):
         out = {self.rot_name: self.R}
@@ -148,3 +174,5 @@ METHOD = register_method("polar", PolarConfig, _make,
                          "random rotation + recursive polar transform, per-level angle codebooks, fp16 radius (PolarQuant, arXiv 2502.02617)")
 
 STANDARD_SETTINGS = [dict(), dict(levels=0), dict(key_bits=3, deep_bits=2, value_bits=2, value_group=32), dict(window=128)]
+# the decode over codes in one kernel (`veloxquant.tiles.coded_decode`) at the defaults, head_dim 128: kernels/polar_coded.*
+register_coded_kernel("polar_coded", *(c.tile_reader() for c in _make(KVCacheConfig("polar"))._make_codecs(128, 128)))

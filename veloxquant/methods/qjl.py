@@ -12,13 +12,14 @@ from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, c
 from ..cache import Codec, VQCache
 from ..quant import pack_bits, unpack_bits, packed_words
 from .affine import AffineCodec
+from ..tiles import TileReader, register_coded_kernel
 import veloxquant.gpu as gpu
 from ..gpu import register_kernel, _float_bits, _kernel
 
 # %% auto #0
 __all__ = ['QJL_VALUE_BITS', 'QJL_VALUE_GROUPS', 'QJL_MAX_SKETCH', 'QJL_QUERY_BITS', 'QJL_KERNEL_MAX_ROWS', 'METHOD',
            'STANDARD_SETTINGS', 'SIGN_SCORE_BODY', 'SIGN_SCORE_INPUTS', 'SIGN_SCORE_CU_TYPES', 'QJLConfig', 'jl_matrix',
-           'QJLKeyCodec', 'sign_scores_supported', 'sign_scores', 'sign_scores_reference']
+           'sign_reader', 'QJLKeyCodec', 'sign_scores_supported', 'sign_scores', 'sign_scores_reference']
 
 # %% ../../nbs/methods/qjl.ipynb #e08cb252
 QJL_VALUE_BITS = (2, 4, 8)
@@ -57,6 +58,18 @@ class QJLConfig(MethodConfig):
 def jl_matrix(m: int, d: int, seed: int = 0) -> mx.array:
     "Seeded m×d matrix of i.i.d. N(0, 1) entries (float32): the QJL projection `S`."
     return mx.array(np.random.default_rng([seed, m, d, 0x0B1]).standard_normal((m, d)).astype(np.float32))
+
+def sign_reader(m: int, c: float, factor: str, signs: str = "signs") -> TileReader:
+    """`TileReader` of ±1 codes times a per-token factor: `signs` uint32 [B, H, CAP, m/32] (bit i set: +1, `pack_bits(·, 1)`),
+    `factor` float16 [B, H, CAP, 1]; channel i of a token = ±c·factor (QJL's and RaBitQ's key tiles)."""
+    code = f"""const long r_ = (long)bh * $CAP + tok;
+const float f_ = {float(c)!r}f * vq_float(${factor}[r_]);
+VQ_UNROLL
+for (int i_ = 0; i_ < @PL; i_++) {{
+  const int b_ = vq_lane * @PL + i_;
+  @OUT[i_] = ((${signs}[r_ * {m // 32} + (b_ >> 5)] >> (b_ & 31)) & 1u) ? f_ : -f_;
+}}"""
+    return TileReader(code, {signs: "uint32", factor: "float16"}, m)
 
 class QJLKeyCodec(Codec):
     """QJL sketch of keys: `sign(S k)` packed 1 bit per projection into uint32, plus the fp16 norm `‖k‖`.
@@ -125,6 +138,10 @@ class QJLKeyCodec(Codec):
     def tiled(self): return self.compilable
     def tile_query(self, q): return q @ self.ST
     def key_tile(self, blk, dtype): return (self.signs(blk) * (self.c * blk["norm"].astype(mx.float32))).astype(dtype)
+    def tile_reader(self):
+        """With `use_kernels`, GPU decode steps read the signs and norms in one kernel (`veloxquant.tiles.coded_decode`,
+        ahead of the sign-score kernel): `key_tile` in registers, scored by the full-precision projected query."""
+        return sign_reader(self.m, self.c, "norm") if self.use_kernels else None
 
     def shared_artifacts(self): return {self.name: self.S}
 
@@ -245,3 +262,5 @@ SIGN_SCORE_CU_TYPES = dict(inputs=[("u", "float32"), ("signs", "uint32"), ("norm
                            outputs=[("out", "float32")])
 register_kernel("sign_scores", SIGN_SCORE_BODY, SIGN_SCORE_CU_TYPES, dict(M=256, REP=4, QB=8, NW=4),
                 [dict(M=128, REP=1, QB=4, NW=2), dict(M=512, REP=8, QB=8, NW=8)])
+# the decode over codes in one kernel (`veloxquant.tiles.coded_decode`) at the defaults, head_dim 128: kernels/qjl_coded.*
+register_coded_kernel("qjl_coded", *(c.tile_reader() for c in _make(KVCacheConfig("qjl"))._make_codecs(128, 128)))

@@ -10,8 +10,9 @@ from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, c
 from ..cache import Codec, VQCache
 from ..quant import rotation, pack_bits, unpack_bits, packed_words, ROTATIONS
 from .affine import AffineCodec
-from .qjl import sign_scores, sign_scores_supported, QJL_QUERY_BITS, QJL_KERNEL_MAX_ROWS
+from .qjl import sign_scores, sign_scores_supported, sign_reader, QJL_QUERY_BITS, QJL_KERNEL_MAX_ROWS
 import veloxquant.gpu as gpu
+from ..tiles import register_coded_kernel
 
 # %% auto #0
 __all__ = ['RABITQ_VALUE_BITS', 'RABITQ_VALUE_GROUPS', 'METHOD', 'STANDARD_SETTINGS', 'RaBitQConfig', 'RaBitQKeyCodec']
@@ -92,6 +93,9 @@ class RaBitQKeyCodec(Codec):
     def tiled(self): return self.compilable
     def tile_query(self, q): return q @ self.P
     def key_tile(self, blk, dtype): return (self.signs(blk) * (self.c * blk["factor"].astype(mx.float32))).astype(dtype)
+    def tile_reader(self):
+        "With `use_kernels`, GPU decode steps read the codes in one kernel (`veloxquant.tiles.coded_decode`, `qjl.sign_reader`)."
+        return sign_reader(self.head_dim, self.c, "factor") if self.use_kernels else None
 
     def shared_artifacts(self): return {self.rot_name: self.P}
 
@@ -108,3 +112,5 @@ METHOD = register_method("rabitq", RaBitQConfig, _make,
                          "inner-product estimator; per-token affine values (RaBitQ, Gao & Long, SIGMOD 2024, arXiv 2405.12497)")
 
 STANDARD_SETTINGS = [dict(), dict(value_bits=2, value_group=32), dict(value_bits=8), dict(window=0)]
+# the decode over codes in one kernel (`veloxquant.tiles.coded_decode`) at the defaults, head_dim 128: kernels/rabitq_coded.*
+register_coded_kernel("rabitq_coded", *(c.tile_reader() for c in _make(KVCacheConfig("rabitq"))._make_codecs(128, 128)))

@@ -11,6 +11,7 @@ import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int
 from ..cache import Codec, VQCache
 from ..quant import rotation, codebook, pack_bits, unpack_bits, packed_words, lookup
+from ..tiles import TileReader, register_coded_kernel
 
 # %% auto #0
 __all__ = ['RVQ_SCALES', 'METHOD', 'STANDARD_SETTINGS', 'TurboQuantRVQConfig', 'pass_codebooks', 'residual_sigmas', 'RVQCodec']
@@ -115,6 +116,23 @@ class RVQCodec(Codec):
     def key_tile(self, blk, dtype): return (self.rotated_unit(blk) * blk["norm"].astype(mx.float32)).astype(dtype)
     def value_tile(self, blk, dtype): return self.key_tile(blk, dtype)
     def value_map(self): return self.R.T
+    def tile_reader(self):
+        """The decode over codes in one kernel (`veloxquant.tiles.coded_decode`): `key_tile` per channel in registers —
+        norm · Σ_k s_k · centroid_k[code_k] (s_k the pass's σ, or its stored RMS with 'rms'; a table `tab` of each pass's
+        centroids, times σ_k where fixed)."""
+        if getattr(self, "_reader", None) is not None: return self._reader
+        D, b, K = self.head_dim, self.bits, 1 << self.bits
+        tab = [np.asarray(c, dtype=np.float64) * (1.0 if (self.rms and k > 0) else self.sigmas[k]) for k, c in enumerate(self.cents)]
+        lines = ["const long r_ = (long)bh * $CAP + tok;", "const float n_ = vq_float($norm[r_]);"]
+        lines += [f"const float s{k}_ = vq_float($s{k}[r_]);" for k in range(1, self.passes) if self.rms]
+        lines += ["VQ_UNROLL", "for (int i_ = 0; i_ < @PL; i_++) {", f"  const int b_ = (vq_lane * @PL + i_) * {b};", "  float y_ = 0.0f;"]
+        for k in range(self.passes):
+            term = f"$tab[{k * K} + VQ_FIELD($c{k}, r_ * {packed_words(D, b)} + (b_ >> 5), b_ & 31, {b})]"
+            lines.append(f"  y_ += {f's{k}_ * ' if (self.rms and k > 0) else ''}{term};")
+        lines += ["  @OUT[i_] = n_ * y_;", "}"]
+        fields = {"norm": "float16", **{f"c{k}": "uint32" for k in range(self.passes)}, **({f"s{k}": "float16" for k in range(1, self.passes)} if self.rms else {})}
+        self._reader = TileReader("\n".join(lines), fields, D, {"tab": mx.array(np.concatenate(tab).astype(np.float32))})
+        return self._reader
 
     def shared_artifacts(self):
         out = {self.rot_name: self.R}
@@ -133,3 +151,5 @@ def _make(config: KVCacheConfig):
 METHOD = register_method("turboquant_rvq", TurboQuantRVQConfig, _make,
                          "rotation + fp16 norm + residual scalar passes: 1-bit Gaussian, then Laplacian codebooks (seed design)")
 STANDARD_SETTINGS = [dict(), dict(passes=3), dict(passes=2, bits_per_pass=2), dict(window=0)]
+# the decode over codes in one kernel (`veloxquant.tiles.coded_decode`) at the defaults, head_dim 128: kernels/turboquant_rvq_coded.*
+register_coded_kernel("turboquant_rvq_coded", *(c.tile_reader() for c in _make(KVCacheConfig("turboquant_rvq"))._make_codecs(128, 128)))
