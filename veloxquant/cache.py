@@ -480,7 +480,10 @@ class VQCache(_BaseCache):
         kc, vc = self.k_codec, self.v_codec
         if not on or queries.shape[1] % ek.shape[1]: return None
         if type(self)._blocks is not VQCache._blocks: return None  # a subclass restores its blocks another way (cache groups, eviction)
-        key = (type(kc), type(vc), self.dims, self.config.to_json())
+        memo = self.__dict__.get("_tiles_key")  # the codec configuration's key (shared compiled pieces), made once per config and codecs
+        if memo is None or memo[0] is not self.config or memo[1] is not kc:
+            memo = self._tiles_key = (self.config, kc, (type(kc), type(vc), self.dims, self.config.to_json()))
+        key = memo[2]
         if self.coded_decode is not False and gpu.backend() is not None:
             try: out = tiles.coded_decode(kc, vc, queries, self.k_store.arrays, self.v_store.arrays, self.k_store.length,
                                           ek, ev, scale, sinks, n_exact, key=key)

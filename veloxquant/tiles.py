@@ -337,6 +337,12 @@ def coded_partials(qt: mx.array, rk: TileReader, rv: TileReader, k_arrays: dict,
                 grid=(32 * TILE_WARPS * ns, BH, 1), threadgroup=(32 * TILE_WARPS, 1, 1),
                 output_shapes=[(rows, ns), (rows, ns), (rows, ns, rv.dims)], output_dtypes=[mx.float32] * 3)
 
+def _reader(codec):
+    "`codec.tile_reader()`, asked once per codec (a reader is a function of the codec's configuration)."
+    m = codec.__dict__.get("_tile_reader_memo")
+    if m is None: m = codec.__dict__["_tile_reader_memo"] = (codec.tile_reader(),)
+    return m[0]
+
 def coded_decode(kc, vc, queries, k_arrays: dict, v_arrays: dict, n: int, ek, ev, scale: float, sinks=None, n_exact=None, key=None):
     """One decode step's attention over the first `n` codes of a cache's stores (`k_arrays`, `v_arrays`) through the codecs'
     `tile_reader()`s decoded inside the partials kernel (`coded_partials`), then the merge with the exact tokens `ek`, `ev`
@@ -344,7 +350,7 @@ def coded_decode(kc, vc, queries, k_arrays: dict, v_arrays: dict, n: int, ek, ev
     `queries` [B, Hq, 1, D]; returns [B, Hq, 1, D] in their dtype, or None where it does not apply (no GPU back-end, a
     codec without a reader, dims or rows the kernel does not take). Raises `gpu.KernelFailed` where a kernel cannot run."""
     if gpu.backend() is None: return None
-    rk, rv = kc.tile_reader(), vc.tile_reader()
+    rk, rv = _reader(kc), _reader(vc)
     B, Hq, L, D = queries.shape; Hkv = ek.shape[1]
     if rk is None or rv is None or L != 1 or Hq % Hkv or not coded_supported(rk, rv, Hq // Hkv) or n < 1: return None
     rep = Hq // Hkv

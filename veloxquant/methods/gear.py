@@ -121,7 +121,17 @@ class GearCodec(Codec):
         else: base = quantized_reader(D, self.bits, self.vg, fields=("w", "s", "b"))
         if not r: return base
         boff = 4 * D if self.key else 0  # B [D, r] float16 after the key scales and biases in the group's bytes
-        low = f"""{{                                                  // + a[tok] · B[c] (rank {r})
+        if r == 1:  # B[c], B[c + 1] of a channel pair: one word
+            low = f"""{{                                                  // + a[tok] · B[c] (rank 1)
+  const long rt_ = (long)bh * $CAP + tok, bb_ = ((long)bh * $CAP + (long)(tok / {G}) * {G}) * {pbytes} + {boff};
+  const float a_ = vq_float($a[rt_]);
+  VQ_UNROLL
+  for (int i_ = 0; i_ < @PL; i_ += 2) {{
+    const float2 h_ = vq_h2_float2(vq_load1($p, bb_ + 2L * (vq_lane * @PL + i_)));
+    @OUT[i_] += a_ * h_.x; @OUT[i_ + 1] += a_ * h_.y;
+  }}
+}}"""
+        else: low = f"""{{                                                  // + a[tok] · B[c] (rank {r})
   const long rt_ = (long)bh * $CAP + tok, bb_ = ((long)bh * $CAP + (long)(tok / {G}) * {G}) * {pbytes} + {boff};
   float a_[{r}];
   VQ_UNROLL

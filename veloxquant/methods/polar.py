@@ -128,27 +128,41 @@ class PolarKeyCodec(Codec):
     def tile_query(self, q): return q @ self.R
     def key_tile(self, blk, dtype): return self.rotated(blk).astype(dtype)
     def tile_reader(self):
-        """The decode over codes in one kernel (`veloxquant.tiles.coded_decode`): `rotated` per channel c, in registers —
-        the radius r[c >> L] times, level by level, cos or sin of the angle codes' centroids (a table `tab` of cos and sin
-        per level, so no trigonometry in the kernel), the level-1 angle last."""
+        """The decode over codes in one kernel (`veloxquant.tiles.coded_decode`): `rotated` in registers — the radius
+        r[c >> L] times, level by level, cos or sin of the angle codes' centroids (a table `tab` of cos and sin per level,
+        so no trigonometry in the kernel), the level-1 angle last. Where a lane owns a multiple of 4 channels and L ≥ 2,
+        by quads: levels 3..L are shared by a quad's 4 channels, level 2 gives its two pair radii, level 1 the channels."""
         if getattr(self, "_reader", None) is not None: return self._reader
-        D, L = self.head_dim, self.L
+        D, L, db, kb = self.head_dim, self.L, self.db, self.kb
         tab, o, offs = [], 0, {}
         for lv in range(1, L + 1):
             c = np.asarray(self.cent[lv], dtype=np.float64); offs[lv] = (o, len(c)); o += 2 * len(c)
             tab += [np.cos(c), np.sin(c)]
-        lines = [f"const long r_ = (long)bh * $CAP + tok;", "VQ_UNROLL", "for (int i_ = 0; i_ < @PL; i_++) {",
-                 "  const int c_ = vq_lane * @PL + i_;", f"  float y_ = vq_float($r[r_ * {D >> L} + (c_ >> {L})]);"]
         d0 = 0
-        for lv in range(2, L + 1): offs[lv] += (d0,); d0 += D >> lv
-        for lv in range(L, 1, -1):  # deeper codes: level lv's D >> lv codes after those of the levels above 1 and below lv
-            ot, K, od = offs[lv]
-            lines += [f"  {{ const int b_ = ({od} + (c_ >> {lv})) * {self.db};",
-                      f"    y_ *= $tab[{ot} + (((c_ >> {lv - 1}) & 1) ? {K} : 0) + VQ_FIELD($ad, r_ * {packed_words(self.n_deep, self.db)} + (b_ >> 5), b_ & 31, {self.db})]; }}"]
-        ot, K = offs[1]
-        lines += [f"  {{ const int b_ = (c_ >> 1) * {self.kb};",
-                  f"    y_ *= $tab[{ot} + ((c_ & 1) ? {K} : 0) + VQ_FIELD($a1, r_ * {packed_words(D // 2, self.kb)} + (b_ >> 5), b_ & 31, {self.kb})]; }}",
-                  "  @OUT[i_] = y_;", "}"]
+        for lv in range(2, L + 1): offs[lv] += (d0,); d0 += D >> lv  # deep codes: level lv's D >> lv after the levels 2..lv-1
+        WD, W1 = packed_words(self.n_deep, db), packed_words(D // 2, kb)
+        deep = lambda lv, i: f"VQ_FIELD($ad, r_ * {WD} + ((({offs[lv][2]} + ({i})) * {db}) >> 5), (({offs[lv][2]} + ({i})) * {db}) & 31, {db})"
+        one = lambda i: f"VQ_FIELD($a1, r_ * {W1} + ((({i}) * {kb}) >> 5), (({i}) * {kb}) & 31, {kb})"
+        lines = ["const long r_ = (long)bh * $CAP + tok;", "VQ_UNROLL"]
+        if (D // 32) % 4 == 0 and L >= 2:
+            lines += ["for (int i_ = 0; i_ < @PL; i_ += 4) {", "  const int c_ = vq_lane * @PL + i_;   // a quad: c_ % 4 == 0",
+                      f"  float y_ = vq_float($r[r_ * {D >> L} + (c_ >> {L})]);"]
+            for lv in range(L, 2, -1):
+                ot, K, _ = offs[lv]
+                lines.append(f"  y_ *= $tab[{ot} + (((c_ >> {lv - 1}) & 1) ? {K} : 0) + {deep(lv, f'c_ >> {lv}')}];")
+            ot, K, _ = offs[2]; o1, K1 = offs[1]
+            lines += [f"  const uint x2_ = {deep(2, 'c_ >> 2')}, xa_ = {one('c_ >> 1')}, xb_ = {one('(c_ >> 1) + 1')};",
+                      f"  const float ya_ = y_ * $tab[{ot} + x2_], yb_ = y_ * $tab[{ot + K} + x2_];",
+                      f"  @OUT[i_] = ya_ * $tab[{o1} + xa_]; @OUT[i_ + 1] = ya_ * $tab[{o1 + K1} + xa_];",
+                      f"  @OUT[i_ + 2] = yb_ * $tab[{o1} + xb_]; @OUT[i_ + 3] = yb_ * $tab[{o1 + K1} + xb_];", "}"]
+        else:
+            lines += ["for (int i_ = 0; i_ < @PL; i_++) {", "  const int c_ = vq_lane * @PL + i_;",
+                      f"  float y_ = vq_float($r[r_ * {D >> L} + (c_ >> {L})]);"]
+            for lv in range(L, 1, -1):
+                ot, K, _ = offs[lv]
+                lines.append(f"  y_ *= $tab[{ot} + (((c_ >> {lv - 1}) & 1) ? {K} : 0) + {deep(lv, f'c_ >> {lv}')}];")
+            o1, K1 = offs[1]
+            lines += [f"  y_ *= $tab[{o1} + ((c_ & 1) ? {K1} : 0) + {one('c_ >> 1')}];", "  @OUT[i_] = y_;", "}"]
         fields = {"r": "float16", "a1": "uint32", **({"ad": "uint32"} if L > 1 else {})}
         self._reader = TileReader("\n".join(lines), fields, D, {"tab": mx.array(np.concatenate(tab).astype(np.float32))})
         return self._reader
