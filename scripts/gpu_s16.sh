@@ -14,7 +14,8 @@ case "$1" in
      timeout ${TB:-300} python3 scripts/bench_tiles.py $OUT/tiles_coded_s16.json 32768 1,8 --tiles \
        "--methods=kivi;polar;gear;turboquant_rvq;qjl;rabitq" ;;
   3) timeout ${T:-150} python3 -m pytest -q -p no:cacheprovider -x -m gpu tests/test_coded_decode.py 2>&1 | tail -n 30 | tee $OUT/gpu_tests_s16c.txt
-     timeout 200 python3 scripts/profile_coded.py $OUT/profile_coded_s16.json 32768 1,8
+     timeout ${TP:-200} python3 scripts/profile_coded.py $OUT/profile_coded_s16.json 32768 1,8 ${SWEEP:-}
      timeout ${TB:-250} python3 scripts/bench_tiles.py $OUT/tiles_coded_s16c.json 32768 1,8 "--methods=${M:-kivi;polar;gear;turboquant_rvq;qjl;rabitq}" ;;
+  4) timeout ${TP:-300} python3 scripts/profile_coded.py $OUT/profile_coded_s16d.json 32768 1,8 "${M:-kivi;polar;gear;turboquant_rvq;qjl;rabitq}" --sweep ;;
   2) timeout ${TB:-500} python3 scripts/bench_tiles.py $OUT/tiles_coded_s16b.json 32768 1,8 "--methods=${M:-kivi;polar;gear;turboquant_rvq;qjl;rabitq}" ;;
 esac

@@ -11,10 +11,10 @@ import veloxquant.gpu_decode as gpu_decode
 
 # %% auto #0
 __all__ = ['TILE_PARTIAL_BODY', 'TILE_PARTIAL_INPUTS', 'TILE_PARTIAL_CU_TYPES', 'TILE_WARPS', 'TILE_TOKENS', 'TILE_TARGET_GROUPS',
-           'COMPILE_TILES', 'TILE_BYTES', 'TILE_MIN_TOKENS', 'TILE_MAX_TOKENS', 'CODED_MAX_DIM', 'window_tokens',
-           'tile_partials', 'tile_partials_reference', 'merge_reference', 'tiled_decode', 'TileReader',
-           'quantized_reader', 'coded_body', 'coded_types', 'register_coded_kernel', 'coded_supported',
-           'coded_partials', 'coded_decode']
+           'COMPILE_TILES', 'TILE_BYTES', 'TILE_MIN_TOKENS', 'TILE_MAX_TOKENS', 'CODED_MAX_DIM', 'CODED_WARPS',
+           'CODED_TOKENS', 'CODED_TARGET_GROUPS', 'window_tokens', 'tile_partials', 'tile_partials_reference',
+           'merge_reference', 'tiled_decode', 'TileReader', 'quantized_reader', 'coded_body', 'coded_types',
+           'register_coded_kernel', 'coded_supported', 'coded_partials', 'coded_decode']
 
 # %% ../nbs/03e_tiles.ipynb #9bd388b1
 _PARTIAL_TEMPLATE = r"""
@@ -252,6 +252,7 @@ def tiled_decode(kc, vc, queries, windows, ek, ev, scale: float, sinks=None, n_e
 _FIELD_DEFINE = r"""#define VQ_FIELD(p, o, s, nb) ((((s) + (nb) <= 32) ? ((p)[o] >> (s)) : (((p)[o] >> (s)) | ((p)[(o) + 1] << (32 - (s))))) & ((1u << (nb)) - 1u))
 """
 CODED_MAX_DIM = 256  # head dims (tile domains) up to this many channels: DK/32 + DV/32 floats per lane and token
+CODED_WARPS, CODED_TOKENS, CODED_TARGET_GROUPS = TILE_WARPS, TILE_TOKENS, TILE_TARGET_GROUPS  # the coded kernel's launch (NW, U, threadgroups aimed at)
 
 class TileReader:
     """How the kernel of `coded_partials` reads one codec's codes: `code`, C++ statements (one text for Metal and CUDA,
@@ -308,12 +309,12 @@ def coded_types(rk: TileReader, rv: TileReader) -> dict:
 def register_coded_kernel(name: str, rk: TileReader, rv: TileReader, rep: int = 4) -> str:
     "Register the coded partials kernel of a reader pair under `name` (its plain-file copies in `kernels/`, nvcc-checked)."
     return gpu.register_kernel(name, coded_body(rk, rv), coded_types(rk, rv),
-                               dict(DK=rk.dims, DV=rv.dims, REP=rep, NW=TILE_WARPS, U=TILE_TOKENS))
+                               dict(DK=rk.dims, DV=rv.dims, REP=rep, NW=CODED_WARPS, U=CODED_TOKENS))
 
 def coded_supported(rk: TileReader, rv: TileReader, rep: int) -> bool:
     "Whether `coded_partials` takes this reader pair and `rep` query heads per KV head (dims, threadgroup memory)."
     return (rk.dims % 64 == 0 and rv.dims % 64 == 0 and max(rk.dims, rv.dims) <= CODED_MAX_DIM and rep >= 1
-            and 4 * TILE_WARPS * rep * (rv.dims + 2) <= gpu._smem_limit())
+            and 4 * CODED_WARPS * rep * (rv.dims + 2) <= gpu._smem_limit())
 
 def coded_partials(qt: mx.array, rk: TileReader, rv: TileReader, k_arrays: dict, v_arrays: dict, n: int, rep: int):
     """Chunk partials of one decode step over the first `n` tokens of a cache's stores, each token's key and value decoded
@@ -329,12 +330,13 @@ def coded_partials(qt: mx.array, rk: TileReader, rv: TileReader, k_arrays: dict,
     kname, body, names = c
     a0 = k_arrays[next(iter(rk.fields))]
     BH = a0.shape[0] * a0.shape[1]
-    split = gpu.decode_split(n, BH, TILE_TARGET_GROUPS, warps=TILE_WARPS); ns = -(-n // split)
+    NW, U = CODED_WARPS, CODED_TOKENS
+    split = gpu.decode_split(n, BH, CODED_TARGET_GROUPS, warps=NW); ns = -(-n // split)
     kern = gpu._kernel(kname, body, names, tuple(gpu.DECODE_PARTIAL_OUTPUTS), gpu.backend())
     rows = BH * rep
     return kern(inputs=[qt, *rk.inputs(k_arrays), *rv.inputs(v_arrays), gpu._nref(n), gpu._nref(split)],
-                template=[("DK", rk.dims), ("DV", rv.dims), ("REP", rep), ("NW", TILE_WARPS), ("U", TILE_TOKENS)],
-                grid=(32 * TILE_WARPS * ns, BH, 1), threadgroup=(32 * TILE_WARPS, 1, 1),
+                template=[("DK", rk.dims), ("DV", rv.dims), ("REP", rep), ("NW", NW), ("U", U)],
+                grid=(32 * NW * ns, BH, 1), threadgroup=(32 * NW, 1, 1),
                 output_shapes=[(rows, ns), (rows, ns), (rows, ns, rv.dims)], output_dtypes=[mx.float32] * 3)
 
 def _reader(codec):
