@@ -14,11 +14,15 @@ from veloxquant.cache import VQCache
 
 METHODS = ["q4_0", "q8_0", "q4_0:hadamard=true", "qjl", "polar", "turboquant_rvq", "rabitq", "kivi", "gear",
            "affine:key_bits=4,value_bits=4,use_kernels=false", "turboquant:key_bits=3,value_bits=3,use_kernels=false"]
+import os
+if os.environ.get("CODED_SHAPE"):  # "U,NW,groups": the coded kernel's launch (tiles.CODED_TOKENS, CODED_WARPS, CODED_TARGET_GROUPS)
+    tiles.CODED_TOKENS, tiles.CODED_WARPS, tiles.CODED_TARGET_GROUPS = (int(x) for x in os.environ["CODED_SHAPE"].split(","))
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 METHODS = next((a.split("=", 1)[1].split(";") for a in sys.argv[1:] if a.startswith("--methods=")), METHODS)
 out = args[0]; S = int(args[1]) if len(args) > 1 else 32768
 batches = tuple(int(x) for x in (args[2] if len(args) > 2 else "1,8").split(","))
-meta = dict(machine=platform.node(), mlx=mx.__version__, device=str(mx.default_device()), S=S, model="one layer: 32 query / 8 KV heads, head_dim 128, float16")
+meta = dict(machine=platform.node(), mlx=mx.__version__, device=str(mx.default_device()), S=S, model="one layer: 32 query / 8 KV heads, head_dim 128, float16",
+            coded_shape=dict(U=tiles.CODED_TOKENS, NW=tiles.CODED_WARPS, groups=tiles.CODED_TARGET_GROUPS))
 rows = []
 def save(): json.dump(dict(meta=meta, rows=rows), open(out, "w"), indent=1)
 for B in batches:
