@@ -219,6 +219,7 @@ def test_qjl_kernel_in_generation_gpu(tiny_model, monkeypatch):
     calls = []
     real_fn = qjl.sign_scores
     monkeypatch.setattr(qjl, "sign_scores", lambda *a, **k: calls.append(1) or real_fn(*a, **k))
+    monkeypatch.setattr(vq.cache.VQCache, "coded_decode", False)  # the codes-in-one-kernel path goes first (tests/test_coded_decode.py)
     toks = [i % 120 + 3 for i in range(300)]
     outs = []
     for uk in (True, False):
