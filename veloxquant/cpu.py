@@ -225,7 +225,10 @@ def cpu_decode_attention(queries: mx.array, k: CpuLayout, v: CpuLayout, n: int, 
     `values` [B, Hkv, T1, D] (this step's tokens in their own dtype, or None). queries [B, Hq, 1, Dk] (Hq a multiple of
     Hkv). Returns [B, Hq, 1, Dv] in the queries' dtype, or None when numba is not installed or the arrays cannot be
     evaluated here (inside `mx.compile` or a gradient): the caller takes its MLX path. Softmax terms below e^-69 of
-    the largest are dropped (see `MIN_LOGIT`)."""
+    the largest are dropped (see `MIN_LOGIT`). One pass of the online softmax (Milakov & Gimelshein 2018, arXiv
+    1805.02867) per chunk of `CHUNK_TOKENS`, the chunks merged as flash-decoding does (Dao et al. 2023). Raises
+    `ValueError` for queries that are not one step [B, Hq, 1, Dk] with Hq a multiple of Hkv, and for layouts that do not
+    match (`CpuLayout.validate`)."""
     step = _kernel()
     if step is None: return None
     B, Hq, L, Dk = queries.shape; Hkv = xk.shape[1]
