@@ -60,7 +60,7 @@ def test_quantized_reader_every_width(bits, gs):
 
 
 def test_who_gives_a_reader():
-    "Outliers (gear), a subclass's own arithmetic and `use_kernels=False` give none; the kernel takes dims up to 256."
+    "Outliers (gear), `use_kernels=False` (qjl, rabitq) and a subclass's own arithmetic give none; the kernel takes dims up to 256."
     assert parse_method("gear:outlier_pct=1.0").make_cache()._make_codecs(128, 128)[0].tile_reader() is None
     assert parse_method("qjl:use_kernels=false").make_cache()._make_codecs(128, 128)[0].tile_reader() is None
     assert parse_method("rabitq:use_kernels=false").make_cache()._make_codecs(128, 128)[0].tile_reader() is None
@@ -71,6 +71,24 @@ def test_who_gives_a_reader():
     assert tiles.coded_supported(r64, r64, 4) and not tiles.coded_supported(r96, r64, 4)
     assert not tiles.coded_supported(AffineCodec(512, 4, 64).tile_reader(), r64, 4)
     with pytest.raises(ValueError, match="fields is empty"): tiles.TileReader("", {}, 64)
+
+
+def test_subclasses_and_settings_are_asked_again():
+    "A subclass overriding the arithmetic below the class that gives the reader gets none (any codec); a changed `use_kernels` is seen."
+    from veloxquant.channel import ChannelCodec
+    from veloxquant.methods.polar import PolarKeyCodec
+    class K(ChannelCodec):
+        def decode(self, blk): return super().decode(blk) * 2
+    class P(PolarKeyCodec):
+        def rotated(self, blk): return super().rotated(blk) * 2
+    class A(AffineCodec):
+        def decode_as(self, blk, dtype): return super().decode_as(blk, dtype) * 2
+    for c in (K(128, 2, 32), P(128), A(128, 4, 64)): assert tiles._reader(c) is None, type(c).__name__
+    assert tiles._reader(ChannelCodec(128, 2, 32)) is not None and tiles._reader(PolarKeyCodec(128)) is not None
+    kc = parse_method("qjl").make_cache()._make_codecs(128, 128)[0]
+    assert tiles._reader(kc) is not None
+    kc.use_kernels = False
+    assert tiles._reader(kc) is None
 
 
 def test_cpu_takes_no_coded_path():

@@ -198,11 +198,11 @@ def test_qjl_scores_kernel_vs_mlx_gpu(m, rep, L, T):
 
 @pytest.mark.gpu
 def test_qjl_cache_decode_kernel_vs_mlx_gpu():
-    "GPU: one decode step through two `qjl` caches (use_kernels True / False) on the same tokens: close attention outputs."
+    "GPU: one decode step through two `qjl` caches (use_kernels True / False) on the same tokens: close attention outputs (the sign-score kernel: the coded path off)."
     outs = []
     for flag in (True, False):
         mx.random.seed(2)
-        cache = vq.KVCacheConfig("qjl", sketch_dim=256, use_kernels=flag).make_cache()
+        cache = vq.KVCacheConfig("qjl", sketch_dim=256, use_kernels=flag).make_cache(); cache.coded_decode = False
         k, v = mx.random.normal((1, 8, 3000, 128)), mx.random.normal((1, 8, 3000, 128))
         cache.update_and_fetch(k[:, :, :-1], v[:, :, :-1]); cache._flush()
         kn, vn = cache.update_and_fetch(k[:, :, -1:], v[:, :, -1:])

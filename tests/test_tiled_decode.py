@@ -74,7 +74,7 @@ def test_who_takes_the_path_and_cpu_default():
     assert c.tiled_decode is None  # None: GPU back-ends only
     kc, vc = parse_method("turboquant:center=true,use_kernels=false").make_cache()._make_codecs(64, 64)
     assert kc.attends_by_tiles()  # a sequence statistic: decoded each step, never compiled (`compilable` False)
-    # qjl / rabitq keys keep their sign-score kernel where it runs (1 bit read per element, a tile 16): tiles without it
+    # qjl / rabitq keys have no tile form where their sign-score kernel runs (on a GPU the coded path reads their signs first)
     assert parse_method("qjl").make_cache()._make_codecs(128, 128)[0].attends_by_tiles() == (gpu.backend() is None)
     assert parse_method("qjl:use_kernels=false").make_cache()._make_codecs(128, 128)[0].attends_by_tiles()
     # codecs whose scores carry terms a tile cannot hold keep the reference path

@@ -194,7 +194,7 @@ class VQCache(_BaseCache):
     window_buffer = True  # decode steps of float16 models write their token into a preallocated fp16 window (see "The decode step")
     decoded_prefill = None  # prefill chunks over codes attend to the decoded history with the fused SDPA: True, None = on GPU back-ends (on the CPU too where both codecs set `cpu_fast`), False = never
     tiled_decode = None  # decode steps without a fused kernel attend over decoded tiles (`veloxquant.tiles`): None = on GPU back-ends, True = always, False = never
-    coded_decode = None  # ... and first through the codecs' decoders inside one kernel where both give a `tile_reader` (GPU back-ends): None/True = there, False = never
+    coded_decode = None  # ... and first through the codecs' decoders inside one kernel where both give a `tile_reader` (GPU back-ends, where `tiled_decode` is on and the cache restores its blocks as VQCache does): None/True = there, False = never
     compiled_decode = False  # decode steps through `compiled_decode_attention`: True = always, None = on GPU back-ends only, False = never (default: not yet faster, see the notebook)
     attends_itself = True  # the dispatcher's protocol: mlx-lm's attention call goes to `attend`
 

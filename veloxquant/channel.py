@@ -115,7 +115,7 @@ def channel_reader(head_dim: int, bits: int, G: int, pbytes: int, fields=("w", "
     """`TileReader` of the per-channel layout (`quantize_channels`, stored as `ChannelCodec` stores it): codes `w` uint32
     [B, H, CAP, head_dim·bits/32] (per group of `G` tokens, channel c's G codes in words c·G·bits/32 on of the group's
     words) and `p` uint8 [B, H, CAP, pbytes] (`spread`: the group's bytes start with its float16 scales [head_dim] and
-    biases [head_dim]). Token j of a group, channel c = scale[c]·code + bias[c]. head_dim even."""
+    biases [head_dim]). Token j of a group, channel c = scale[c]·code + bias[c]. The lane's channels go in pairs: head_dim a multiple of 64 (`coded_supported`)."""
     w, p = fields
     code = f"""const int g_ = tok / {G}, j_ = (tok % {G}) * {bits};
 const long r0_ = (long)bh * $CAP + (long)g_ * {G};             // the group's first token

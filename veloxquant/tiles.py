@@ -263,7 +263,10 @@ class TileReader:
     (codebooks, tables; float32); `VQ_FIELD(p, o, s, nb)` is the `nb`-bit code at bit `s` of word `o` of a little-endian
     bit stream of uint32 words (`pack_bits`' and `mx.quantize`'s layout), a code may straddle two words. Names ending in
     `_` are the code's own. `dims`: channels per token (the tile's DK or DV, a multiple of 64 for the kernel).
-    `name`: a digest of all that (kernels are compiled and cached per reader pair)."""
+    `name`: a digest of the code, the fields' dtypes, `dims` and the constants' names (their values go in at run time;
+    kernels are compiled and cached per reader pair). A codec that gives a reader promises that its `scores` / `mix`
+    equal attention over its tile form in full precision (the estimator it implements); the coded path does not ask
+    `attends_by_tiles()` (`qjl` and `rabitq` say False there only because of their sign-score kernel's query rounding)."""
     def __init__(self, code: str, fields: dict, dims: int, consts: dict | None = None):
         if not fields: raise ValueError("a TileReader reads at least one store array (fields is empty)")
         self.code, self.fields, self.dims, self.consts = code, dict(fields), int(dims), dict(consts or {})
@@ -339,11 +342,23 @@ def coded_partials(qt: mx.array, rk: TileReader, rv: TileReader, k_arrays: dict,
                 grid=(32 * NW * ns, BH, 1), threadgroup=(32 * NW, 1, 1),
                 output_shapes=[(rows, ns), (rows, ns), (rows, ns, rv.dims)], output_dtypes=[mx.float32] * 3)
 
+# what a reader stands for: a subclass that overrides one of these below the class giving the reader gets none
+_READER_ARITHMETIC = ("encode", "decode", "decode_as", "scores", "mix", "tile_query", "key_tile", "value_tile", "value_map",
+                      "rotated", "rotated_unit", "signs", "unpack")
+
 def _reader(codec):
-    "`codec.tile_reader()`, asked once per codec (a reader is a function of the codec's configuration)."
+    """`codec.tile_reader()`, asked once per codec and `use_kernels` setting (a reader is a function of the codec's
+    configuration); None where a subclass overrides the arithmetic (`_READER_ARITHMETIC`) below the class whose
+    `tile_reader` it inherits: the reader would not decode what that subclass attends to."""
+    key = getattr(codec, "use_kernels", None)
     m = codec.__dict__.get("_tile_reader_memo")
-    if m is None: m = codec.__dict__["_tile_reader_memo"] = (codec.tile_reader(),)
-    return m[0]
+    if m is None or m[0] != key:
+        mro = type(codec).__mro__
+        owner = next((k for k in mro if "tile_reader" in k.__dict__), None)
+        below = mro[:mro.index(owner)] if owner is not None else ()
+        r = None if any(n in k.__dict__ for k in below for n in _READER_ARITHMETIC) else codec.tile_reader()
+        m = codec.__dict__["_tile_reader_memo"] = (key, r)
+    return m[1]
 
 def coded_decode(kc, vc, queries, k_arrays: dict, v_arrays: dict, n: int, ek, ev, scale: float, sinks=None, n_exact=None, key=None):
     """One decode step's attention over the first `n` codes of a cache's stores (`k_arrays`, `v_arrays`) through the codecs'

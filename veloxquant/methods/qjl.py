@@ -34,8 +34,9 @@ class QJLConfig(MethodConfig):
     paper's ratio; otherwise a multiple of 32 in [32, 4096]); `value_bits` in {2, 4, 8} and
     `value_group` in {32, 64} for the per-token group affine value codes; `window` ≥ 0 (default 128: its 1-bit keys need more exact recent tokens than the other methods) most recent
     tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `seed` of the Gaussian projection `S`;
-    `use_kernels`: on a GPU, key scores of decode steps use the XOR/popcount kernel `sign_scores`
-    (query quantized to `QJL_QUERY_BITS` = 8 bit planes) where it applies (False: MLX reference everywhere)."""
+    `use_kernels`: on a GPU, decode steps attend over the codes in one kernel (`veloxquant.tiles.coded_decode`, signs read
+    in registers, the full-precision projected query) and key scores elsewhere use the XOR/popcount kernel `sign_scores`
+    (query quantized to `QJL_QUERY_BITS` = 8 bit planes) where it applies (False: the decode over tiles / MLX reference)."""
     sketch_dim: int = 0
     value_bits: int = 4
     value_group: int = 64

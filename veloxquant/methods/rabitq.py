@@ -25,8 +25,9 @@ RABITQ_VALUE_GROUPS = (32, 64)
 class RaBitQConfig(MethodConfig):
     """Options of `rabitq`: `value_bits` in {2, 4, 8} and `value_group` in {32, 64} (per-token group affine values);
     `window` ≥ 0 (default 64) most recent tokens in fp16; `sinks` ≥ 0 first tokens in fp16; `rotation` 'orthogonal'
-    (Haar, the paper's) or 'hadamard'; `seed` of the rotation; `use_kernels`: on a GPU, decode-step key scores through
-    `qjl`'s XOR/popcount kernel where it applies (head_dim a multiple of 128; False: MLX everywhere)."""
+    (Haar, the paper's) or 'hadamard'; `seed` of the rotation; `use_kernels`: on a GPU, decode steps over the codes in one
+    kernel (`veloxquant.tiles.coded_decode`, `qjl.sign_reader`) and key scores elsewhere through `qjl`'s XOR/popcount
+    kernel where it applies (head_dim a multiple of 128; False: the decode over tiles / MLX)."""
     value_bits: int = 4
     value_group: int = 64
     window: int = 64
