@@ -16,7 +16,7 @@ from veloxquant.methods.affine import AffineCodec
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
-SPECS = ["kivi", "kivi:key_bits=3,value_bits=3", "kivi:key_bits=4,value_bits=4,group_size=128,value_group=64",
+SPECS = ["kivi", "kivi_sink", "kivi:key_bits=3,value_bits=3", "kivi:key_bits=4,value_bits=4,group_size=128,value_group=64",
          "polar", "polar:levels=0", "polar:key_bits=3,deep_bits=3,value_bits=2,value_group=32",
          "gear", "gear:key_bits=4,value_bits=4,rank=2,group_size=64", "gear:rank=0",
          "turboquant_rvq", "turboquant_rvq:passes=3,bits_per_pass=2,residual_scale=rms",
