@@ -34,7 +34,7 @@ AFFINE_BITS = (2, 3, 4, 5, 6, 8)
 class AffineConfig(MethodConfig):
     """Options of `affine`: `key_bits`, `value_bits` in {2, 3, 4, 5, 6, 8}; `group_size` in {32, 64, 128}
     (must divide head_dim); `window` ≥ 0 (default 64) most recent tokens kept in fp16; `sinks` ≥ 0 first tokens of the sequence kept in fp16 (attention sinks, see `VQCache`); `use_kernels`: on a GPU,
-    decode steps use the fused decode-attention kernels of this module where they apply (False: MLX reference)."""
+    decode steps use the fused decode-attention kernels of this module where they apply (False: `veloxquant.tiles`' generic paths)."""
     key_bits: int = 4
     value_bits: int = 4
     group_size: int = 64
