@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Session-17 GPU calls (after staging MLX-CUDA: ../shared/tools/mlx-cuda-for-device.sh's parts; the last part's setup.sh first).
+#   bash scripts/gpu_s17.sh 1   # why B = 1 decode slows after benchmark_generate's shared warm-up (scripts/warmup_bisect.py)
+#   bash scripts/gpu_s17.sh 2   # the same (quick) under a larger CUDA graph cache and with CUDA graphs off
+#   bash scripts/gpu_s17.sh 3   # parity (-m gpu) of the decode over codes inside one kernel; one layer at 32k, B = 1 and 8,
+#                               # each method on the coded kernel, stock beside each (scripts/bench_tiles.py)
+set -u
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu_s17_versions.txt
+python3 -c "import mlx.core as mx, importlib.metadata as m; print('mlx', mx.__version__, 'mlx-lm', m.version('mlx-lm'), mx.default_device())" | tee -a $OUT/gpu_s17_versions.txt
+case "$1" in
+  1) timeout ${TW:-300} python3 scripts/warmup_bisect.py $OUT/warmup_bisect_s17.json --context 32768 2>&1 | grep -v Warning | cut -c1-600 ;;
+  2) # the warm-up effect under MLX's CUDA graph settings (each in its own process): a larger graph cache, no graphs
+     MLX_CUDA_GRAPH_CACHE_SIZE=4000 timeout ${TQ:-150} python3 scripts/warmup_bisect.py $OUT/warmup_bisect_s17_cache4000.json --context 32768 --quick 2>&1 | grep -v Warning | cut -c1-400
+     MLX_USE_CUDA_GRAPHS=0 timeout ${TQ:-150} python3 scripts/warmup_bisect.py $OUT/warmup_bisect_s17_nographs.json --context 32768 --quick 2>&1 | grep -v Warning | cut -c1-400 ;;
+  3) timeout ${T:-100} python3 -m pytest -q -p no:cacheprovider -x -m gpu tests/test_coded_decode.py 2>&1 | tail -n 8 | tee $OUT/gpu_tests_s17.txt
+     timeout ${TB:-300} python3 scripts/bench_tiles.py $OUT/tiles_coded_h200_s17.json 32768 1,8 "--methods=${M:-kivi;polar;gear;turboquant_rvq;qjl;rabitq}" ;;
+esac
