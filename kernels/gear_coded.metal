@@ -114,20 +114,11 @@ for (int t = tb + U * (int)vq_warp; t < t1; t += U * NW) {   // U tokens per sim
       }
       {                                                  // + a[tok] · B[c] (rank 1)
         const long rt_ = (long)bh * k_CAP + tok, bb_ = ((long)bh * k_CAP + (long)(tok / 128) * 128) * 6 + 512;
-        float a_[1];
+        const float a_ = vq_float(k_a[rt_]);
         VQ_UNROLL
-        for (int k_ = 0; k_ < 1; k_++) a_[k_] = vq_float(k_a[rt_ * 1 + k_]);
-        VQ_UNROLL
-        for (int i_ = 0; i_ < KPL; i_++) {
-          const long hb_ = bb_ + 2L * ((long)(vq_lane * KPL + i_) * 1);
-          float y_ = 0.0f;
-          VQ_UNROLL
-          for (int k_ = 0; k_ < 1; k_++) {                          // B[c, k]: a float16 at a 2-byte aligned offset
-            const long o_ = hb_ + 2L * k_;
-            const float2 h_ = vq_h2_float2(vq_load1(k_p, o_ & ~3L));
-            y_ += a_[k_] * ((o_ & 2L) ? h_.y : h_.x);
-          }
-          kk[i_] += y_;
+        for (int i_ = 0; i_ < KPL; i_ += 2) {
+          const float2 h_ = vq_h2_float2(vq_load1(k_p, bb_ + 2L * (vq_lane * KPL + i_)));
+          kk[i_] += a_ * h_.x; kk[i_ + 1] += a_ * h_.y;
         }
       }
     }
@@ -144,20 +135,11 @@ for (int t = tb + U * (int)vq_warp; t < t1; t += U * NW) {   // U tokens per sim
       }
       {                                                  // + a[tok] · B[c] (rank 1)
         const long rt_ = (long)bh * v_CAP + tok, bb_ = ((long)bh * v_CAP + (long)(tok / 128) * 128) * 2 + 0;
-        float a_[1];
+        const float a_ = vq_float(v_a[rt_]);
         VQ_UNROLL
-        for (int k_ = 0; k_ < 1; k_++) a_[k_] = vq_float(v_a[rt_ * 1 + k_]);
-        VQ_UNROLL
-        for (int i_ = 0; i_ < VPL; i_++) {
-          const long hb_ = bb_ + 2L * ((long)(vq_lane * VPL + i_) * 1);
-          float y_ = 0.0f;
-          VQ_UNROLL
-          for (int k_ = 0; k_ < 1; k_++) {                          // B[c, k]: a float16 at a 2-byte aligned offset
-            const long o_ = hb_ + 2L * k_;
-            const float2 h_ = vq_h2_float2(vq_load1(v_p, o_ & ~3L));
-            y_ += a_[k_] * ((o_ & 2L) ? h_.y : h_.x);
-          }
-          vv[u][i_] += y_;
+        for (int i_ = 0; i_ < VPL; i_ += 2) {
+          const float2 h_ = vq_h2_float2(vq_load1(v_p, bb_ + 2L * (vq_lane * VPL + i_)));
+          vv[u][i_] += a_ * h_.x; vv[u][i_ + 1] += a_ * h_.y;
         }
       }
     }

@@ -102,18 +102,15 @@ for (int t = tb + U * (int)vq_warp; t < t1; t += U * NW) {   // U tokens per sim
     {
       const long r_ = (long)bh * k_CAP + tok;
       VQ_UNROLL
-      for (int i_ = 0; i_ < KPL; i_++) {
-        const int c_ = vq_lane * KPL + i_;
+      for (int i_ = 0; i_ < KPL; i_ += 4) {
+        const int c_ = vq_lane * KPL + i_;   // a quad: c_ % 4 == 0
         float y_ = vq_float(k_r[r_ * 8 + (c_ >> 4)]);
-        { const int b_ = (48 + (c_ >> 4)) * 2;
-          y_ *= k_tab[48 + (((c_ >> 3) & 1) ? 4 : 0) + VQ_FIELD(k_ad, r_ * 4 + (b_ >> 5), b_ & 31, 2)]; }
-        { const int b_ = (32 + (c_ >> 3)) * 2;
-          y_ *= k_tab[40 + (((c_ >> 2) & 1) ? 4 : 0) + VQ_FIELD(k_ad, r_ * 4 + (b_ >> 5), b_ & 31, 2)]; }
-        { const int b_ = (0 + (c_ >> 2)) * 2;
-          y_ *= k_tab[32 + (((c_ >> 1) & 1) ? 4 : 0) + VQ_FIELD(k_ad, r_ * 4 + (b_ >> 5), b_ & 31, 2)]; }
-        { const int b_ = (c_ >> 1) * 4;
-          y_ *= k_tab[0 + ((c_ & 1) ? 16 : 0) + VQ_FIELD(k_a1, r_ * 8 + (b_ >> 5), b_ & 31, 4)]; }
-        kk[i_] = y_;
+        y_ *= k_tab[48 + (((c_ >> 3) & 1) ? 4 : 0) + VQ_FIELD(k_ad, r_ * 4 + (((48 + (c_ >> 4)) * 2) >> 5), ((48 + (c_ >> 4)) * 2) & 31, 2)];
+        y_ *= k_tab[40 + (((c_ >> 2) & 1) ? 4 : 0) + VQ_FIELD(k_ad, r_ * 4 + (((32 + (c_ >> 3)) * 2) >> 5), ((32 + (c_ >> 3)) * 2) & 31, 2)];
+        const uint x2_ = VQ_FIELD(k_ad, r_ * 4 + (((0 + (c_ >> 2)) * 2) >> 5), ((0 + (c_ >> 2)) * 2) & 31, 2), xa_ = VQ_FIELD(k_a1, r_ * 8 + (((c_ >> 1) * 4) >> 5), ((c_ >> 1) * 4) & 31, 4), xb_ = VQ_FIELD(k_a1, r_ * 8 + ((((c_ >> 1) + 1) * 4) >> 5), (((c_ >> 1) + 1) * 4) & 31, 4);
+        const float ya_ = y_ * k_tab[32 + x2_], yb_ = y_ * k_tab[36 + x2_];
+        kk[i_] = ya_ * k_tab[0 + xa_]; kk[i_ + 1] = ya_ * k_tab[16 + xa_];
+        kk[i_ + 2] = yb_ * k_tab[0 + xb_]; kk[i_ + 3] = yb_ * k_tab[16 + xb_];
       }
     }
     {

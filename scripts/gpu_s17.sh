@@ -4,6 +4,7 @@
 #   bash scripts/gpu_s17.sh 2   # the same (quick) under a larger CUDA graph cache and with CUDA graphs off
 #   bash scripts/gpu_s17.sh 3   # parity (-m gpu) of the decode over codes inside one kernel; one layer at 32k, B = 1 and 8,
 #                               # each method on the coded kernel, stock beside each (scripts/bench_tiles.py)
+#   bash scripts/gpu_s17.sh 4   # the GPU targets: `veloxquant benchmark --generate` (B = 1, 8k and 32k) and `--layer` (B = 1, 8)
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -11,9 +12,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import mlx.core as mx, importlib.metadata as m; print('mlx', mx.__version__, 'mlx-lm', m.version('mlx-lm'), mx.default_device())" | tee -a $OUT/gpu_s17_versions.txt
 case "$1" in
   1) timeout ${TW:-300} python3 scripts/warmup_bisect.py $OUT/warmup_bisect_s17.json --context 32768 2>&1 | grep -v Warning | cut -c1-600 ;;
-  2) # the warm-up effect under MLX's CUDA graph settings (each in its own process): a larger graph cache, no graphs
-     MLX_CUDA_GRAPH_CACHE_SIZE=4000 timeout ${TQ:-150} python3 scripts/warmup_bisect.py $OUT/warmup_bisect_s17_cache4000.json --context 32768 --quick 2>&1 | grep -v Warning | cut -c1-400
-     MLX_USE_CUDA_GRAPHS=0 timeout ${TQ:-150} python3 scripts/warmup_bisect.py $OUT/warmup_bisect_s17_nographs.json --context 32768 --quick 2>&1 | grep -v Warning | cut -c1-400 ;;
+  2) timeout ${TQ:-150} python3 scripts/warmup_bisect.py $OUT/warmup_bisect_s17_alternate.json --context 32768 --alternate 4 2>&1 | grep -v Warning | cut -c1-250
+     # the warm-up effect under MLX's CUDA graph settings (each in its own process): a larger graph cache, no graphs
+     MLX_CUDA_GRAPH_CACHE_SIZE=4000 timeout ${TQ:-150} python3 scripts/warmup_bisect.py $OUT/warmup_bisect_s17_cache4000.json --context 32768 --alternate 4 2>&1 | grep -v Warning | cut -c1-250
+     MLX_USE_CUDA_GRAPHS=0 timeout ${TQ:-150} python3 scripts/warmup_bisect.py $OUT/warmup_bisect_s17_nographs.json --context 32768 --alternate 4 2>&1 | grep -v Warning | cut -c1-250 ;;
   3) timeout ${T:-100} python3 -m pytest -q -p no:cacheprovider -x -m gpu tests/test_coded_decode.py 2>&1 | tail -n 8 | tee $OUT/gpu_tests_s17.txt
      timeout ${TB:-300} python3 scripts/bench_tiles.py $OUT/tiles_coded_h200_s17.json 32768 1,8 "--methods=${M:-kivi;polar;gear;turboquant_rvq;qjl;rabitq}" ;;
+  4) # the GPU targets, end to end and one layer through the cache, stock beside each (H200 protocol of the benchmark notebook)
+     timeout ${TG:-330} python3 -m veloxquant.cli benchmark --skip-decode --generate --contexts 8192,32768 --gen-batches 1 \
+       --decode-tokens 128 --out $OUT/generate_b1_s17.json 2>&1 | grep -v Warning | tail -n 12
+     timeout ${TL:-200} python3 -m veloxquant.cli benchmark --skip-decode --layer --seq-lens 8192,32768 --batches 1,8 \
+       --out $OUT/layer_s17.json 2>&1 | grep -v Warning | tail -n 14 ;;
 esac

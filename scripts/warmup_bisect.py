@@ -26,6 +26,7 @@ from mlx_lm.models.cache import make_prompt_cache
 ap = argparse.ArgumentParser(); ap.add_argument("out"); ap.add_argument("--context", type=int, default=32768)
 ap.add_argument("--spec", default="turboquant:key_bits=3,value_bits=3")
 ap.add_argument("--quick", action="store_true", help="only fresh, the shared warm-up, then the spec and stock again")
+ap.add_argument("--alternate", type=int, default=0, help="instead: stock and the spec alternately, this many runs each")
 a = ap.parse_args()
 warnings.simplefilter("always")
 CNT = collections.Counter()
@@ -69,6 +70,9 @@ def run(tag, spec=None):
     json.dump(res, open(a.out, "w"), indent=1)
 def warm(specs=(bench.STOCK, "affine:key_bits=4,value_bits=4", None)):
     for s in specs: bench._run_one(model, s or a.spec, prompts(4160, 1), 2, 0, 2048)
+if a.alternate:
+    for i in range(a.alternate): run(f"stock, run {i + 1}", bench.STOCK); run(f"run {i + 1}")
+    raise SystemExit
 run("stock, fresh", bench.STOCK)
 run("fresh")
 if a.quick:

@@ -308,6 +308,8 @@ def benchmark_main(argv):
                    help="--generate: ';'-separated method specs, 'stock' = mlx-lm's own caches (default: %(default)s)")
     p.add_argument("--decode-tokens", type=int_list("decode_tokens", 2, 100000, single=True), default="64",
                    help="--generate: timed decode steps (default: %(default)s)")
+    p.add_argument("--rounds", type=int_list("rounds", 1, 100, single=True), default="1",
+                   help="--generate: run the whole sweep this many times, the specs in turn, and report medians (default: %(default)s)")
     p.add_argument("--out", default=None, help="write the records as JSON here")
     a = p.parse_args(argv)
     if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
@@ -336,7 +338,7 @@ def benchmark_main(argv):
         res["layer"] = benchmark_layer(methods, a.seq_lens, a.batches)
         print_layer(res["layer"])
     if a.generate:
-        res["generate"] = benchmark_generate(methods, a.contexts, a.gen_batches, decode_tokens=a.decode_tokens[0])
+        res["generate"] = benchmark_generate(methods, a.contexts, a.gen_batches, decode_tokens=a.decode_tokens[0], rounds=a.rounds[0])
         print_generate(res["generate"])
     if a.out:
         with open(a.out, "w") as f: json.dump(res, f, indent=1)
@@ -345,6 +347,10 @@ def benchmark_main(argv):
 # %% ../nbs/08_cli.ipynb #ce3e3c97
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    # MLX's CUDA back-end raises "Cache thrashing is happening" once its cuDNN attention-graph cache (256 entries) has
+    # missed 512 times in a process: every distinct prompt-chunk length is a miss, so a benchmark, eval or server
+    # process meets it after a few hundred prefills (stock mlx-lm caches too). A larger cache unless the user set one.
+    os.environ.setdefault("MLX_CUDA_SDPA_CACHE_SIZE", "4096")
     _maybe_reexec_with_openblas(argv)
     if argv and argv[0] == "generate": return generate_main(argv[1:])
     if argv and argv[0] == "benchmark":  # the console script passes main()'s return value to sys.exit: return None
