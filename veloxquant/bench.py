@@ -253,10 +253,14 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
     template constant; now a runtime input, so the shared warm-up compiles each kernel once for every length); `ValueError` if `warm_each` is not a bool. Each record carries `decode_ratio` / `prefill_ratio` to stock at the same
     context and batch (when `"stock"` is among `methods`).
     `rounds` ≥ 1: the whole sweep runs this many times, each round every spec once, in the order given, and each
-    record gives the median over its rounds (`decode_tps`, `prefill_tps`; peak memory: the largest) with every round
-    in `*_runs`; the ratios are medians of the per-round ratios (each against the stock run of the same round). Needed
+    record gives the median over its rounds (`decode_tps`, `prefill_tps`; peak memory: the largest; KV bytes, the same
+    every round: the first round's) with every round in `*_runs`; the ratios are medians of the per-round ratios (each
+    against the stock run of the same round). Needed
     on MLX's CUDA back-end, where one run's decode speed can land in a slow mode for the whole run (stock as well as
     compressed: about 9.5 against 7 ms per token at 32k on an H100, session 17), so one run per spec can give any ratio.
+    Many prefills in one CUDA process exhaust MLX's cuDNN attention-graph cache ("Cache thrashing is happening" after
+    512 distinct shapes): the `veloxquant` command sets `MLX_CUDA_SDPA_CACHE_SIZE=4096`; Python callers set it before
+    their first prefill.
 
     model: None → on a GPU a random-weight Llama-3.1-8B-shaped model (fp16, `n_layers` layers, random prompts); on
     the CPU the embedded default model (SmolLM2-135M-Instruct, float32) with Wikipedia prose; or an mlx_lm model
@@ -272,7 +276,8 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
         if type(v) is not int or v < lo: raise ValueError(f"{name}={v!r}: expected an integer >= {lo}")
     if type(warm_each) is not bool: raise ValueError(f"warm_each={warm_each!r}: expected True or False")
     m, prompt_fn, label = _generate_model(model, n_layers)
-    runs = [(i, c, b, s) for i in range(rounds) for c in contexts for b in batches for s in specs]
+    grid = [(c, b, s) for c in contexts for b in batches for s in specs]  # one record per entry (repeats stay apart)
+    runs = [(i, j, *g) for i in range(rounds) for j, g in enumerate(grid)]
     if progress:
         from tqdm.auto import tqdm; runs = tqdm(runs, desc="generate")
     # untimed: one-off costs (kernel compilation, first allocations) stay out of every timed run; on a GPU the warm-up
@@ -282,12 +287,12 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
     for spec in (specs if backend() is None or not warm_each else ()):
         _run_one(m, spec, prompt_fn(warm, batches[0]), 2, 0, prefill_step_size)
     rows = []
-    for rnd, ctx, B, spec in runs:
+    for rnd, j, ctx, B, spec in runs:
         # warm_each: an untimed run at this very shape first (first allocations at this size; before the decode kernels'
         # chunk size became a runtime input it also held their NVRTC compile of seconds per power of two)
         if backend() is not None and warm_each: _run_one(m, spec, prompt_fn(ctx, B), 2, 0, prefill_step_size)
         r = _run_one(m, spec, prompt_fn(ctx, B), decode_tokens, warmup_tokens, prefill_step_size)
-        r.update(model=label, backend=backend() or "cpu", mlx=mx.__version__, round=rnd)
+        r.update(model=label, backend=backend() or "cpu", mlx=mx.__version__, round=rnd, entry=j)
         rows.append(r)
     base = {(r["round"], r["context"], r["batch"]): r for r in rows if r["method"] == STOCK}
     for r in rows:
@@ -295,19 +300,17 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
         if b is not None:
             r["decode_ratio"], r["prefill_ratio"] = r["decode_tps"] / b["decode_tps"], r["prefill_tps"] / b["prefill_tps"]
     if rounds == 1:
-        out = [{k: v for k, v in r.items() if k != "round"} for r in rows]
-    else:  # one record per (context, batch, spec): medians over the rounds, every round kept
+        out = [{k: v for k, v in r.items() if k not in ("round", "entry")} for r in rows]
+    else:  # one record per entry of the sweep: medians over the rounds, every round kept
         med = lambda xs: sorted(xs)[len(xs) // 2] if len(xs) % 2 else sum(sorted(xs)[len(xs) // 2 - 1:len(xs) // 2 + 1]) / 2
         out = []
-        for ctx in contexts:
-            for B in batches:
-                for spec in specs:
-                    rs = [r for r in rows if (r["context"], r["batch"], r["method"]) == (ctx, B, spec)]
-                    o = {k: v for k, v in rs[0].items() if k != "round"}
-                    for k in ("decode_tps", "prefill_tps", "decode_ratio", "prefill_ratio"):
-                        if k in o: o[k + "_runs"] = [r[k] for r in rs]; o[k] = med(o[k + "_runs"])
-                    o["peak_memory_gb_runs"] = [r["peak_memory_gb"] for r in rs]; o["peak_memory_gb"] = max(o["peak_memory_gb_runs"])
-                    out.append(o)
+        for j in range(len(grid)):
+            rs = [r for r in rows if r["entry"] == j]
+            o = {k: v for k, v in rs[0].items() if k not in ("round", "entry")}
+            for k in ("decode_tps", "prefill_tps", "decode_ratio", "prefill_ratio"):
+                if k in o: o[k + "_runs"] = [r[k] for r in rs]; o[k] = med(o[k + "_runs"])
+            o["peak_memory_gb_runs"] = [r["peak_memory_gb"] for r in rs]; o["peak_memory_gb"] = max(o["peak_memory_gb_runs"])
+            out.append(o)
     base = {(r["context"], r["batch"]): r for r in out if r["method"] == STOCK}
     for r in out:
         b = base.get((r["context"], r["batch"]))
@@ -322,8 +325,8 @@ def print_generate(rows: list[dict]) -> None:
     print("| context | B | method | prefill tok/s | ×stock | decode tok/s | ×stock | peak GB | peak target GB | KV MB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     span = lambda r, k: (f" ({min(r[k + '_runs']):.2f}–{max(r[k + '_runs']):.2f})" if len(r.get(k + "_runs", ())) > 1 and r["method"] != STOCK else "")
-    if any(len(r.get("decode_tps_runs", ())) > 1 for r in rows):
-        print(f"(medians of {len(rows[0]['decode_tps_runs'])} rounds; ratios: median and range of the per-round ratios)")
+    n = sorted({len(r["decode_tps_runs"]) for r in rows if len(r.get("decode_tps_runs", ())) > 1})
+    if n: print(f"(medians of {'/'.join(map(str, n))} rounds; ratios: median and range of the per-round ratios)")
     for r in rows:
         print(f"| {r['context']} | {r['batch']} | {r['method']} | {r['prefill_tps']:.0f} | {f(r, 'prefill_ratio', '.2f')}{span(r, 'prefill_ratio')} | "
               f"{r['decode_tps']:.1f} | {f(r, 'decode_ratio', '.2f')}{span(r, 'decode_ratio')} | {r['peak_memory_gb']:.3f} | "

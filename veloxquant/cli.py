@@ -309,7 +309,7 @@ def benchmark_main(argv):
     p.add_argument("--decode-tokens", type=int_list("decode_tokens", 2, 100000, single=True), default="64",
                    help="--generate: timed decode steps (default: %(default)s)")
     p.add_argument("--rounds", type=int_list("rounds", 1, 100, single=True), default="1",
-                   help="--generate: run the whole sweep this many times, the specs in turn, and report medians (default: %(default)s)")
+                   help="--generate: run the whole sweep this many times (1 to 100), the specs in turn, and report medians (default: %(default)s)")
     p.add_argument("--out", default=None, help="write the records as JSON here")
     a = p.parse_args(argv)
     if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
@@ -346,6 +346,8 @@ def benchmark_main(argv):
 
 # %% ../nbs/08_cli.ipynb #ce3e3c97
 def main(argv=None):
+    """The `veloxquant` command line (`argv`: its arguments; None: `sys.argv[1:]`). Sets `MLX_CUDA_SDPA_CACHE_SIZE=4096`
+    in this process's environment unless it is set already (see below)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # MLX's CUDA back-end raises "Cache thrashing is happening" once its cuDNN attention-graph cache (256 entries) has
     # missed 512 times in a process: every distinct prompt-chunk length is a miss, so a benchmark, eval or server
