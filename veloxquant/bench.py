@@ -255,9 +255,9 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
     `rounds` ≥ 1: the whole sweep runs this many times, each round every spec once, in the order given, and each
     record gives the median over its rounds (`decode_tps`, `prefill_tps`; peak memory: the largest; KV bytes, the same
     every round: the first round's) with every round in `*_runs`; the ratios are medians of the per-round ratios (each
-    against the stock run of the same round). Needed
-    on MLX's CUDA back-end, where one run's decode speed can land in a slow mode for the whole run (stock as well as
-    compressed: about 9.5 against 7 ms per token at 32k on an H100, session 17), so one run per spec can give any ratio.
+    against the stock run of the same round). Needed on MLX's CUDA back-end, where one run's decode speed can land in a
+    slow mode for the whole run (stock as well as compressed: about 9.5 against 7 ms per token at 32k on an H100,
+    session 17), so one run per spec can give any ratio.
     Many prefills in one CUDA process exhaust MLX's cuDNN attention-graph cache ("Cache thrashing is happening" after
     512 distinct shapes): the `veloxquant` command sets `MLX_CUDA_SDPA_CACHE_SIZE=4096`; Python callers set it before
     their first prefill.
@@ -302,13 +302,13 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
     if rounds == 1:
         out = [{k: v for k, v in r.items() if k not in ("round", "entry")} for r in rows]
     else:  # one record per entry of the sweep: medians over the rounds, every round kept
-        med = lambda xs: sorted(xs)[len(xs) // 2] if len(xs) % 2 else sum(sorted(xs)[len(xs) // 2 - 1:len(xs) // 2 + 1]) / 2
+        from statistics import median
         out = []
         for j in range(len(grid)):
             rs = [r for r in rows if r["entry"] == j]
             o = {k: v for k, v in rs[0].items() if k not in ("round", "entry")}
             for k in ("decode_tps", "prefill_tps", "decode_ratio", "prefill_ratio"):
-                if k in o: o[k + "_runs"] = [r[k] for r in rs]; o[k] = med(o[k + "_runs"])
+                if k in o: o[k + "_runs"] = [r[k] for r in rs]; o[k] = median(o[k + "_runs"])
             o["peak_memory_gb_runs"] = [r["peak_memory_gb"] for r in rs]; o["peak_memory_gb"] = max(o["peak_memory_gb_runs"])
             out.append(o)
     base = {(r["context"], r["batch"]): r for r in out if r["method"] == STOCK}

@@ -199,13 +199,9 @@ class DecodeStep:
         pr = int(rows is not None)
         tmpl, grid, shapes, sref = self.per_n.get((n, pr)) or self._launch(n, pr)
         if self.fused and not pr:
-            fseen = ("fused", ek.dtype, ev.dtype, queries.dtype, sinks is None)  # the fused kernel's shape class, as `seen` below
-            direct = fseen in self._seen and self.fkern._kern is not None and self.fkern.name not in FAILED
-            out = (self.fkern._kern if direct else self.fkern)(inputs=inputs + [_nref(n), sref] + [_no_rows()] * self.takes_rows + _finish_inputs(queries, ek, ev, n_exact, sinks, self.rott, self.cnt),
+            return self.fkern(inputs=inputs + [_nref(n), sref] + [_no_rows()] * self.takes_rows + _finish_inputs(queries, ek, ev, n_exact, sinks, self.rott, self.cnt),
                               template=tmpl, grid=grid, threadgroup=self.tg, output_shapes=shapes + [self.oshape],
                               output_dtypes=[mx.float32, mx.float32, mx.float32, self.dtype])[3]
-            self._seen.add(fseen)  # later calls skip the safety net's per-call shape-class check (host time per step)
-            return out
         if rows is not None and not self.takes_rows: raise ValueError(f"decode kernel vq_{self.kern.name} takes no per-row ranges")
         rr = [_no_rows() if rows is None else rows] if self.takes_rows else []
         seen = (pr, ek.dtype, ev.dtype, sinks is None, gpu.MERGE_WARPS)  # what else could change the kernels' shape class
