@@ -3,7 +3,7 @@
 active memory is read (and reset) at each evaluation: one row per prefill chunk, the last prompt step and decode steps,
 for stock mlx-lm and each spec, with the active memory after it (weights included, GB).
 
-    python scripts/peak_trace.py OUT.json --context 8192 [--specs "stock;affine:key_bits=4,value_bits=4;turboquant:key_bits=3,value_bits=3"]
+    python scripts/peak_trace.py OUT.json --context 8192 [--score-budget BYTES] [--specs "stock;affine:key_bits=4,value_bits=4;turboquant:key_bits=3,value_bits=3"]
 """
 import argparse, json
 import mlx.core as mx
@@ -17,7 +17,10 @@ from mlx_lm.models.cache import make_prompt_cache
 ap = argparse.ArgumentParser(); ap.add_argument("out"); ap.add_argument("--context", type=int, default=8192)
 ap.add_argument("--specs", default="stock;affine:key_bits=4,value_bits=4;turboquant:key_bits=3,value_bits=3")
 ap.add_argument("--decode", type=int, default=4)
+ap.add_argument("--score-budget", type=int, default=None, help="veloxquant.attention.PREFILL_SCORE_BUDGET['gpu'] in bytes (default: as shipped)")
 a = ap.parse_args()
+if a.score_budget is not None:
+    import veloxquant.attention as _att; _att.PREFILL_SCORE_BUDGET["gpu"] = a.score_budget
 model, prompts, label = bench._generate_model(None, 32)
 TRACE = []
 def traced(name, f):
@@ -28,7 +31,7 @@ def traced(name, f):
         return out
     return g
 _eval, _async = mx.eval, mx.async_eval
-res = dict(model=label, mlx=mx.__version__, context=a.context, runs={})
+res = dict(model=label, mlx=mx.__version__, context=a.context, score_budget=a.score_budget, runs={})
 for spec in a.specs.split(";"):
     bench._run_one(model, spec, prompts(min(a.context, 4160), 1), 2, 0, 2048)  # warm-up as benchmark_generate
     mx.clear_cache(); mx.reset_peak_memory(); TRACE.clear()
