@@ -21,3 +21,10 @@ case "$1" in
      timeout ${T:-90} python3 -m pytest -q -p no:cacheprovider -x -m gpu tests/test_coded_decode.py 2>&1 | tail -n 8 | tee $OUT/gpu_tests_s18.txt
      timeout ${TB:-170} python3 scripts/bench_tiles.py $OUT/tiles_coded_s18.json 32768 1,8 "--methods=${M:-kivi;polar;gear;turboquant_rvq;qjl;rabitq}" ;;
 esac
+# after the checksum change (see scripts/prefill_state_ab.py):
+#   bash scripts/gpu_s18.sh ab       # the state checksum's cost (compiled / op by op / none), then --layer (the SDPA-cache setting at import)
+case "$1" in
+  ab) timeout ${TA:-330} python3 scripts/prefill_state_ab.py $OUT/prefill_state_ab_s18.json --rounds ${ROUNDS:-2} 2>&1 | grep -v Warning | cut -c1-200
+      timeout ${TL:-150} python3 -m veloxquant.cli benchmark --skip-decode --layer --seq-lens 8192,32768 --batches 1,8 \
+        --out $OUT/layer_s18.json 2>&1 | grep -v Warning | tail -n 14 ;;
+esac

@@ -259,8 +259,8 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
     slow mode for the whole run (stock as well as compressed: about 9.5 against 7 ms per token at 32k on an H100,
     session 17), so one run per spec can give any ratio.
     Many prefills in one CUDA process exhaust MLX's cuDNN attention-graph cache ("Cache thrashing is happening" after
-    512 distinct shapes): the `veloxquant` command sets `MLX_CUDA_SDPA_CACHE_SIZE=4096`; Python callers set it before
-    their first prefill.
+    512 distinct shapes): `import veloxquant` sets `MLX_CUDA_SDPA_CACHE_SIZE=4096` unless it is set, which MLX reads
+    when `mlx.core` is imported: Python callers that import mlx first set it themselves, before that import.
 
     model: None → on a GPU a random-weight Llama-3.1-8B-shaped model (fp16, `n_layers` layers, random prompts); on
     the CPU the embedded default model (SmolLM2-135M-Instruct, float32) with Wikipedia prose; or an mlx_lm model

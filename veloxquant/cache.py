@@ -120,11 +120,24 @@ def _bits(a: mx.array) -> mx.array:
     if size == 1: return a.view(mx.uint8).astype(mx.uint32).reshape(-1)
     return a.view(mx.uint32).reshape(-1)
 
-def _array_sum(a: mx.array) -> mx.array:
-    "A position-weighted sum of the bits of `a` (uint32, wraps mod 2**32): any single changed element changes it."
+def _weighted_bits_sum(a: mx.array) -> mx.array:
+    """Σᵢ (xᵢ·wᵢ + (xᵢ >> 16)) mod 2**32 over the bits xᵢ of `a` (`_bits`), wᵢ = (i·2654435761 + 0x9E3779B9) | 1 for
+    the flat position i, formed as row·C + column so that no position array of the array's size is made."""
     x = _bits(a)
-    w = (mx.arange(x.size, dtype=mx.uint32) * mx.array(2654435761, mx.uint32) + mx.array(0x9E3779B9, mx.uint32)) | mx.array(1, mx.uint32)
+    C = a.shape[-1] * (x.size // a.size) if a.ndim and a.size else max(1, x.size)
+    x = x.reshape(-1, C)
+    i = mx.arange(x.shape[0], dtype=mx.uint32)[:, None] * mx.array(C, mx.uint32) + mx.arange(C, dtype=mx.uint32)[None]
+    w = (i * mx.array(2654435761, mx.uint32) + mx.array(0x9E3779B9, mx.uint32)) | mx.array(1, mx.uint32)
     return (x * w + (x >> 16)).sum()
+
+_weighted_bits_sum_compiled = mx.compile(_weighted_bits_sum)
+
+def _array_sum(a: mx.array) -> mx.array:
+    """A position-weighted sum of the bits of `a` (uint32, wraps mod 2**32): any single changed element changes it.
+    Through `mx.compile` (traced once per shape and dtype): one fused pass and the reduction, rather than a chain of
+    full-size temporaries. mlx-lm's `generate_step` evaluates every layer's `state` after each prefill chunk, so this
+    runs over the whole cache once per chunk."""
+    return _weighted_bits_sum_compiled(a)
 
 def _scalar_text(v) -> str:
     if isinstance(v, bool) or isinstance(v, int): return f"i{int(v)}"

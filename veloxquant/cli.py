@@ -346,13 +346,10 @@ def benchmark_main(argv):
 
 # %% ../nbs/08_cli.ipynb #ce3e3c97
 def main(argv=None):
-    """The `veloxquant` command line (`argv`: its arguments; None: `sys.argv[1:]`). Sets `MLX_CUDA_SDPA_CACHE_SIZE=4096`
-    in this process's environment unless it is set already (see below)."""
+    """The `veloxquant` command line (`argv`: its arguments; None: `sys.argv[1:]`). `MLX_CUDA_SDPA_CACHE_SIZE=4096` is set in the
+    process environment unless the user set it, by `import veloxquant` (before mlx is imported: MLX reads it then)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    # MLX's CUDA back-end raises "Cache thrashing is happening" once its cuDNN attention-graph cache (256 entries) has
-    # missed 512 times in a process: every distinct prompt-chunk length is a miss, so a benchmark, eval or server
-    # process meets it after a few hundred prefills (stock mlx-lm caches too). A larger cache unless the user set one.
-    os.environ.setdefault("MLX_CUDA_SDPA_CACHE_SIZE", "4096")
+    os.environ.setdefault("MLX_CUDA_SDPA_CACHE_SIZE", "4096")  # for child processes (see `veloxquant/__init__`)
     _maybe_reexec_with_openblas(argv)
     if argv and argv[0] == "generate": return generate_main(argv[1:])
     if argv and argv[0] == "benchmark":  # the console script passes main()'s return value to sys.exit: return None
