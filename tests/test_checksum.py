@@ -176,3 +176,34 @@ def test_one_changed_element_changes_the_checksum():
     b = mx.array(a); b[0, 1, 40, 7] = b[0, 1, 40, 7] + 1
     assert _array_sum(a).item() != _array_sum(b).item()
     assert not mx.array_equal(state_checksum({"k": a}), state_checksum({"k": b})).item()
+
+
+def test_generation_loop_reads_are_not_sealed():
+    """mlx-lm's generation loop (module `mlx_lm.generate`) evaluates `state` after each prefill chunk and reads nothing
+    from it: no checksum there; any other reader (saving included) gets it, and a file saved after generation loads."""
+    c = filled(AFF.make_cache())
+    loop = {"__name__": "mlx_lm.generate", "caches": [c]}
+    exec("states = [x.state for x in caches]", loop)
+    assert "checksum" not in loop["states"][0] and "k" in loop["states"][0]
+    assert "checksum" in c.state
+    other = {"__name__": "somewhere.else", "caches": [c]}
+    exec("states = [x.state for x in caches]", other)
+    assert "checksum" in other["states"][0]
+
+
+def test_generate_step_then_save_and_load(tmp_path):
+    "A cache filled through mlx-lm's `generate_step` (unsealed reads inside) saves sealed and loads without a warning."
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models import llama
+    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=128,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=100)
+    model = llama.Model(args)
+    caches = vq.KVCacheBuilder.for_model(model, AFF)
+    for _ in zip(range(3), generate_step(mx.arange(40) % 100, model, max_tokens=3, prompt_cache=caches, prefill_step_size=16)):
+        pass
+    f = str(tmp_path / "c.safetensors")
+    save_prompt_cache(f, caches)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = load_prompt_cache(f)
+    assert loaded[0].offset == caches[0].offset

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_cache.ipynb #d72bfb4c
 from __future__ import annotations
-import json, warnings, zlib
+import json, sys, warnings, zlib
 import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm.models.cache as mlx_cache
@@ -165,9 +165,25 @@ def state_checksum(st) -> mx.array:
     crc = mx.array(zlib.crc32("|".join(text).encode()), mx.uint32)
     return mx.stack(sums + [crc]) if sums else crc.reshape(1)
 
+_EVAL_ONLY_READERS = ("mlx_lm.generate",)  # modules whose reads of a cache's `state` only evaluate it
+
+def _read_for_eval() -> bool:
+    """Whether the `state` read under way comes straight from a module in `_EVAL_ONLY_READERS`: the first frame above
+    veloxquant's `state` getters is there. mlx-lm's `generate_step` and `BatchGenerator` evaluate every layer's `state`
+    after each prefill chunk and read nothing from it; a checksum there is a pass over the whole cache per chunk that
+    nothing reads (on an H100 it took half of affine 4/4's prefill time at 8k and 32k: `scripts/prefill_state_ab.py`)."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_name == "state" and f.f_globals.get("__name__", "").startswith("veloxquant"):
+        f = f.f_back
+    return f is not None and f.f_globals.get("__name__") in _EVAL_ONLY_READERS
+
 def seal_state(st: dict) -> dict:
-    "`st` with its `checksum` entry (re)computed; returns `st`."
-    st.pop(_CHECK, None); st[_CHECK] = state_checksum(st); return st
+    """`st` with its `checksum` entry (re)computed; returns `st`. A read straight from mlx-lm's generation loop
+    (`_read_for_eval`) gets no checksum: that loop only evaluates the state, and saving (`save_prompt_cache`) reads
+    `state` again, sealed."""
+    st.pop(_CHECK, None)
+    if not _read_for_eval(): st[_CHECK] = state_checksum(st)
+    return st
 
 def verify_state(st, owner: str, required=()) -> None:
     """Refuse (`ValueError` naming `owner`) a state lacking a `required` entry (dict states) or whose `checksum` does not
