@@ -1,8 +1,11 @@
 """What the cache-state checksum costs end to end: mlx-lm's `generate_step` evaluates every layer's `state` after each
-prefill chunk, and a veloxquant cache's `state` carries a checksum over all it stores. B = 1 runs of `benchmark_generate`'s
+prefill chunk, and a veloxquant cache's `state` carried a checksum over all it stores. B = 1 runs of `benchmark_generate`'s
 protocol (random-weight Llama-3.1-8B-shaped model on a GPU), the variants in turn for `--rounds` rounds: stock mlx-lm,
-then each spec with the checksum as shipped (compiled), as it was before (the formula op by op, every temporary full
-size) and with no checksum at all (for comparison only: saving needs it). Prints prefill / decode tok/s and peak GB.
+then each spec as shipped ("unsealed": reads from mlx-lm's generation loop get no checksum) and "sealed" (every read
+sealed, as before: `veloxquant.cache._read_for_eval` forced False; turboquant's own getter seals twice, as it did).
+Prints prefill / decode tok/s and peak GB. (Session 18's first run of this script, before the change, compared the
+checksum compiled / op by op / "none"; its "none" patched `seal_state` only where `veloxquant.cache` calls it, so
+turboquant's own getter still sealed once there.)
 
     python scripts/prefill_state_ab.py OUT.json [--contexts 8192,32768] [--rounds 2]
 """
@@ -17,12 +20,8 @@ ap.add_argument("--rounds", type=int, default=2); ap.add_argument("--decode", ty
 ap.add_argument("--specs", default="affine:key_bits=4,value_bits=4;turboquant:key_bits=3,value_bits=3")
 a = ap.parse_args()
 
-def _old_sum(x):
-    b = vc._bits(x)
-    w = (mx.arange(b.size, dtype=mx.uint32) * mx.array(2654435761, mx.uint32) + mx.array(0x9E3779B9, mx.uint32)) | mx.array(1, mx.uint32)
-    return (b * w + (b >> 16)).sum()
-SHIPPED_SUM, SHIPPED_SEAL = vc._array_sum, vc.seal_state
-VARIANTS = {"compiled": (SHIPPED_SUM, SHIPPED_SEAL), "op-by-op": (_old_sum, SHIPPED_SEAL), "none": (SHIPPED_SUM, lambda st: st)}
+SHIPPED = vc._read_for_eval
+VARIANTS = {"unsealed": SHIPPED, "sealed": lambda: False}
 
 model, prompts, label = bench._generate_model(None, 32)
 res = dict(model=label, mlx=mx.__version__, rounds=a.rounds, runs=[])
@@ -33,9 +32,9 @@ for ctx in [int(c) for c in a.contexts.split(",")]:
     for s in specs: bench._run_one(model, s, prompts(min(ctx, 4160), 1), 2, 0, 2048)  # warm-up (kernels, compiled functions)
     for r in range(a.rounds):
         for spec, var in [(bench.STOCK, "-")] + [(s, v) for s in specs for v in VARIANTS]:
-            if var != "-": vc._array_sum, vc.seal_state = VARIANTS[var]
+            if var != "-": vc._read_for_eval = VARIANTS[var]
             try: rec = bench._run_one(model, spec, p, a.decode, 4, 2048)
-            finally: vc._array_sum, vc.seal_state = SHIPPED_SUM, SHIPPED_SEAL
+            finally: vc._read_for_eval = SHIPPED
             rec.update(variant=var, round=r); res["runs"].append(rec)
             print(f"{ctx:6d} r{r} {spec[:34]:34s} {var:9s} prefill {rec['prefill_tps']:8.0f} tok/s  decode {rec['decode_tps']:6.1f}  peak {rec['peak_memory_gb']:.3f} GB", flush=True)
     for spec, var in [(bench.STOCK, "-")] + [(s, v) for s in specs for v in VARIANTS]:

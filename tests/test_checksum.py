@@ -145,8 +145,8 @@ def test_state_without_a_required_entry_is_refused(entry):
     assert fresh.offset == 0 and fresh.k_store.length == 0  # nothing half-loaded
 
 
-# The compiled checksum pass gives the same value as the formula written out (so files saved before it was compiled still
-# verify), for every dtype a state holds, strided slices, empty and scalar arrays.
+# The checksum pass (positions formed as row·C + column) gives the same value as the formula written out with a flat
+# position array (so files saved before still verify), for every dtype a state holds, strided slices, empty and scalar arrays.
 from veloxquant.cache import _array_sum, _bits, state_checksum  # noqa: E402
 
 
@@ -166,7 +166,7 @@ def _arrays():
 
 
 @pytest.mark.parametrize("i", range(11))
-def test_compiled_sum_matches_the_formula(i):
+def test_sum_matches_the_formula(i):
     a = _arrays()[i]
     assert _array_sum(a).item() == _reference(a).item()
 

@@ -6,11 +6,12 @@ __all__ = []
 
 # %% ../nbs/index.ipynb #d23f9bea
 import os as _os
-# MLX's CUDA back-end sizes its cuDNN attention-graph cache from MLX_CUDA_SDPA_CACHE_SIZE once, when it makes its first
-# GPU stream (as `mlx.core` is imported), and raises "Cache thrashing is happening" after 512 misses of the default
-# 256 entries: every distinct prompt-chunk length is a miss, so a benchmark, eval or server process meets it after a
-# few hundred prefills (stock mlx-lm caches too). A larger cache unless the user set one; it takes effect only where
-# veloxquant is imported before mlx (the `veloxquant` command; `python -m veloxquant.cli`).
+# MLX's CUDA back-end sizes its cuDNN attention-graph cache from MLX_CUDA_SDPA_CACHE_SIZE once, and raises "Cache
+# thrashing is happening" after 512 misses of the default 256 entries: every distinct prompt-chunk length is a miss, so
+# a benchmark, eval or server process meets it after a few hundred prefills (stock mlx-lm caches too). Set in
+# `veloxquant.cli.main` it came too late (an H100, session 18: the cache was already made); set here, before veloxquant
+# imports mlx, it took effect. A larger cache unless the user set one; only where veloxquant is imported before mlx
+# (the `veloxquant` command; `python -m veloxquant.cli`).
 _os.environ.setdefault("MLX_CUDA_SDPA_CACHE_SIZE", "4096")
 from .core import KVCacheConfig, cache_report, method_ids, get_method, parse_method
 from .builder import KVCacheBuilder, compress, decompress

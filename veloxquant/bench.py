@@ -260,7 +260,7 @@ def benchmark_generate(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboq
     session 17), so one run per spec can give any ratio.
     Many prefills in one CUDA process exhaust MLX's cuDNN attention-graph cache ("Cache thrashing is happening" after
     512 distinct shapes): `import veloxquant` sets `MLX_CUDA_SDPA_CACHE_SIZE=4096` unless it is set, which MLX reads
-    when `mlx.core` is imported: Python callers that import mlx first set it themselves, before that import.
+    once, early: Python callers that import mlx first set it themselves, before that import.
 
     model: None → on a GPU a random-weight Llama-3.1-8B-shaped model (fp16, `n_layers` layers, random prompts); on
     the CPU the embedded default model (SmolLM2-135M-Instruct, float32) with Wikipedia prose; or an mlx_lm model

@@ -130,14 +130,11 @@ def _weighted_bits_sum(a: mx.array) -> mx.array:
     w = (i * mx.array(2654435761, mx.uint32) + mx.array(0x9E3779B9, mx.uint32)) | mx.array(1, mx.uint32)
     return (x * w + (x >> 16)).sum()
 
-_weighted_bits_sum_compiled = mx.compile(_weighted_bits_sum)
-
 def _array_sum(a: mx.array) -> mx.array:
     """A position-weighted sum of the bits of `a` (uint32, wraps mod 2**32): any single changed element changes it.
-    Through `mx.compile` (traced once per shape and dtype): one fused pass and the reduction, rather than a chain of
-    full-size temporaries. mlx-lm's `generate_step` evaluates every layer's `state` after each prefill chunk, so this
-    runs over the whole cache once per chunk."""
-    return _weighted_bits_sum_compiled(a)
+    Not through `mx.compile`: the server computes it on its generation thread, and a compiled function called from a
+    thread other than the main one can abort MLX 0.32.4 at interpreter exit."""
+    return _weighted_bits_sum(a)
 
 def _scalar_text(v) -> str:
     if isinstance(v, bool) or isinstance(v, int): return f"i{int(v)}"
@@ -172,7 +169,7 @@ def _read_for_eval() -> bool:
     veloxquant's `state` getters is there. mlx-lm's `generate_step` and `BatchGenerator` evaluate every layer's `state`
     after each prefill chunk and read nothing from it; a checksum there is a pass over the whole cache per chunk that
     nothing reads (on an H100 it took half of affine 4/4's prefill time at 8k and 32k: `scripts/prefill_state_ab.py`)."""
-    f = sys._getframe(2)
+    f = sys._getframe(1).f_back  # the caller of `seal_state` (None where `seal_state` is a thread's entry point)
     while f is not None and f.f_code.co_name == "state" and f.f_globals.get("__name__", "").startswith("veloxquant"):
         f = f.f_back
     return f is not None and f.f_globals.get("__name__") in _EVAL_ONLY_READERS

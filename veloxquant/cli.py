@@ -347,7 +347,7 @@ def benchmark_main(argv):
 # %% ../nbs/08_cli.ipynb #ce3e3c97
 def main(argv=None):
     """The `veloxquant` command line (`argv`: its arguments; None: `sys.argv[1:]`). `MLX_CUDA_SDPA_CACHE_SIZE=4096` is set in the
-    process environment unless the user set it, by `import veloxquant` (before mlx is imported: MLX reads it then)."""
+    process environment unless the user set it, by `import veloxquant` (before mlx is imported: MLX reads it once, early)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("MLX_CUDA_SDPA_CACHE_SIZE", "4096")  # for child processes (see `veloxquant/__init__`)
     _maybe_reexec_with_openblas(argv)
