@@ -28,13 +28,10 @@ case "$1" in
       timeout ${TL:-150} python3 -m veloxquant.cli benchmark --skip-decode --layer --seq-lens 8192,32768 --batches 1,8 \
         --out $OUT/layer_s18.json 2>&1 | grep -v Warning | tail -n 14 ;;
 esac
-#   bash scripts/gpu_s18.sh final    # after the generation loop's state reads went unsealed: the 8k peak trace (as shipped and with
-#                                    # VQCache.prefill_sync), then the B = 1 targets, two rounds
+#   bash scripts/gpu_s18.sh final    # after the generation loop's state reads went unsealed: the 8k peak trace with
+#                                    # VQCache.prefill_sync, then unsealed against sealed reads (prefill, decode, peak; stock beside)
 case "$1" in
-  final) timeout ${TP:-60} python3 scripts/peak_trace.py $OUT/peak_trace_s18_final.json --context 8192 2>&1 | grep -v Warning | cut -c1-700
-         timeout ${TP:-60} python3 scripts/peak_trace.py $OUT/peak_trace_s18_sync.json --context 8192 --prefill-sync \
+  final) timeout ${TP:-60} python3 scripts/peak_trace.py $OUT/peak_trace_s18_sync.json --context 8192 --prefill-sync \
            --specs "affine:key_bits=4,value_bits=4;turboquant:key_bits=3,value_bits=3" 2>&1 | grep -v Warning | cut -c1-700
-         timeout ${TA:-150} python3 scripts/prefill_state_ab.py $OUT/prefill_state_ab_s18_final.json --rounds 2 2>&1 | grep -v Warning | grep median
-         timeout ${TG:-280} python3 -m veloxquant.cli benchmark --skip-decode --generate --contexts 8192,32768 --gen-batches 1 \
-           --decode-tokens 128 --rounds ${ROUNDS:-2} --out $OUT/generate_b1_s18_final.json 2>&1 | grep -v Warning | tail -n 10 ;;
+         timeout ${TA:-220} python3 scripts/prefill_state_ab.py $OUT/prefill_state_ab_s18_final.json --rounds 2 2>&1 | grep -v Warning | cut -c1-200 ;;
 esac
