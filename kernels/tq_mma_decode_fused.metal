@@ -76,13 +76,18 @@ const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup
 // float32, row-major), ROWS = BH*REP, REP <= 16; kc: [BH, CAP, ceil(D KB/32)]
 // uint32, kn: [BH, CAP, 1] fp16; vc, vn likewise; klut: [2^(2 KB)] uint32, entry x | y << KB = the fp16 pair
 // (c[x], c[y]) of the key codebook (vlut likewise): one threadgroup-memory read turns two codes into an MMA operand
-// register. nref: shape [n]; sref: shape [split] (tokens per chunk, at run time). Template SCALE, NW, U, EMU as the affine kernel. Out m (natural log), l, acc.
+// register. The tables are held KLR / VLR times in threadgroup memory, copy j read by the lanes j mod KLR, so that
+// the 32 lanes' reads of random codes fall in different banks (one table shared by all lanes: a 64-entry table read at
+// random indices costs several bank-conflict wavefronts per read). Template LC (a power of 2, 1-32) caps the copies. nref: shape [n]; sref: shape [split] (tokens per chunk, at run time). Template SCALE, NW, U, EMU as the affine kernel. Out m (natural log), l, acc.
 #define VQ_MMA(c, a, b0, b1) do { if (EMU) vq_mma16816_emul(c, a, b0, b1, vq_lane); else vq_mma16816(c, a, b0, b1, vq_lane); } while (0)
 constexpr int KW = (D * KB + 31) / 32, VW = (D * VB + 31) / 32, KS = D / 16, NT = D / 8, DPT = D / 8, CPT = D / 4;
 constexpr int KSH = (CPT * KB) % 32 != 0, VSH = (DPT * VB) % 32 != 0;          // windows that may start mid-word
 constexpr int KL = (CPT * KB + 31) / 32 + KSH, VL = (DPT * VB + 31) / 32 + VSH;  // words loaded per lane and token
 VQ_SHARED float qs[REP * D];
-VQ_SHARED uint lk[1 << (2 * KB)], lv[1 << (2 * VB)];
+constexpr int LB = REP <= 4 ? 8192 : REP <= 8 ? 4096 : 1024;                  // bytes per side for the table copies
+#define VQ_TQ_COPIES(B) ((4 << (2 * (B))) * 32 <= LB ? 32 : (4 << (2 * (B))) * 8 <= LB ? 8 : (4 << (2 * (B))) * 2 <= LB ? 2 : 1)
+constexpr int KLR = VQ_TQ_COPIES(KB) < LC ? VQ_TQ_COPIES(KB) : LC, VLR = VQ_TQ_COPIES(VB) < LC ? VQ_TQ_COPIES(VB) : LC;
+VQ_SHARED uint lk[(1 << (2 * KB)) * KLR], lv[(1 << (2 * VB)) * VLR];
 VQ_SHARED float wm[NW * REP], wl[NW * REP];
 VQ_SHARED float wacc[NW * REP * D];
 const int n = nref_shape[0], cap = kc_shape[2], split = sref_shape[0];
@@ -109,11 +114,12 @@ for (int d = vq_tid; d < D; d += 32 * NW) {  // qs = scale (q R), one launch les
   VQ_UNROLL
   for (int r = 0; r < REP; r++) qs[r * D + d] = a[r] * scale;
 }
-for (int i = vq_tid; i < (1 << (2 * KB)); i += 32 * NW) lk[i] = klut[i];
-for (int i = vq_tid; i < (1 << (2 * VB)); i += 32 * NW) lv[i] = vlut[i];
+for (int i = vq_tid; i < (1 << (2 * KB)) * KLR; i += 32 * NW) lk[i] = klut[i / KLR];   // entry e, copy j at e KLR + j
+for (int i = vq_tid; i < (1 << (2 * VB)) * VLR; i += 32 * NW) lv[i] = vlut[i / VLR];
 vq_barrier();
 const int g = vq_lane / 4, t = vq_lane % 4;
 const bool ok0 = g < REP, ok1 = g + 8 < REP;
+const uint klo = vq_lane & (KLR - 1), vlo = vq_lane & (VLR - 1);   // this lane's copies of the tables
 // A operand of S: lane t owns channels CPT t .. CPT t + CPT - 1; k-step s: channels CPT t + 4s + {0, 1} (regs 0, 1)
 // and + {2, 3} (regs 2, 3), matching the code pairs (4s, 4s+1), (4s+2, 4s+3) of its window
 uint qa[KS][4];
@@ -177,8 +183,8 @@ for (int tt = t0 + (int)vq_warp * 16 * U; tt < t1; tt += 16 * U * NW) {
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     VQ_UNROLL
     for (int s = 0; s < KS; s++) {
-      const uint b0 = lk[vq_code(kr[nt], (4 * s) * KB, KB) | (vq_code(kr[nt], (4 * s + 1) * KB, KB) << KB)];
-      const uint b1 = lk[vq_code(kr[nt], (4 * s + 2) * KB, KB) | (vq_code(kr[nt], (4 * s + 3) * KB, KB) << KB)];
+      const uint b0 = lk[vq_code(kr[nt], (4 * s) * KB, 2 * KB) * KLR + klo];      // codes 4s, 4s+1: adjacent, one field
+      const uint b1 = lk[vq_code(kr[nt], (4 * s + 2) * KB, 2 * KB) * KLR + klo];
       VQ_MMA(c, qa[s], b0, b1);
     }
     VQ_UNROLL
@@ -213,8 +219,8 @@ for (int tt = t0 + (int)vq_warp * 16 * U; tt < t1; tt += 16 * U * NW) {
                         vq_bits_h2(vq_h2_pair(pv[2 * u + 1][2] * vn_[4 * u + 2], pv[2 * u + 1][3] * vn_[4 * u + 3]))};
     VQ_UNROLL
     for (int j = 0; j < NT; j++) {
-      const uint b0 = lv[vq_code(vr[4 * u], j * VB, VB) | (vq_code(vr[4 * u + 1], j * VB, VB) << VB)];
-      const uint b1 = lv[vq_code(vr[4 * u + 2], j * VB, VB) | (vq_code(vr[4 * u + 3], j * VB, VB) << VB)];
+      const uint b0 = lv[(vq_code(vr[4 * u], j * VB, VB) | (vq_code(vr[4 * u + 1], j * VB, VB) << VB)) * VLR + vlo];
+      const uint b1 = lv[(vq_code(vr[4 * u + 2], j * VB, VB) | (vq_code(vr[4 * u + 3], j * VB, VB) << VB)) * VLR + vlo];
       VQ_MMA(o[j], pa, b0, b1);
     }
   }

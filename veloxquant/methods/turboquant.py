@@ -21,9 +21,9 @@ import veloxquant.gpu_decode as gpu_decode
 from ..gpu_decode import _merge_partials
 
 # %% auto #0
-__all__ = ['TQ_BITS', 'TQ_CODEBOOKS', 'TQ_VARIANTS', 'METHOD', 'TQ_MMA_DECODE_BODY', 'TQ_DECODE_INPUTS', 'TQ_APPEND_BODY',
-           'TQ_APPEND_INPUTS', 'TQ_APPEND_OUTPUTS', 'TQ_DECODE_CU_TYPES', 'TQ_APPEND_CU_TYPES', 'check_bits',
-           'TurboQuantConfig', 'channel_split', 'TurboQuantCodec', 'TurboQuantProdCodec', 'qjl_matrix',
+__all__ = ['TQ_BITS', 'TQ_CODEBOOKS', 'TQ_VARIANTS', 'METHOD', 'TQ_TABLE_COPIES', 'TQ_MMA_DECODE_BODY', 'TQ_DECODE_INPUTS',
+           'TQ_APPEND_BODY', 'TQ_APPEND_INPUTS', 'TQ_APPEND_OUTPUTS', 'TQ_DECODE_CU_TYPES', 'TQ_APPEND_CU_TYPES',
+           'check_bits', 'TurboQuantConfig', 'channel_split', 'TurboQuantCodec', 'TurboQuantProdCodec', 'qjl_matrix',
            'TurboQuantCache', 'tq_decode_supported', 'codebook_pair_table', 'tq_fused_decode', 'tq_append_supported',
            'tq_fused_append']
 
@@ -337,7 +337,7 @@ def _make(config: KVCacheConfig):
                 B, Hq, L, D = queries.shape; Hkv = ek.shape[1]
                 ok = L == 1 and Hq % Hkv == 0 and tq_decode_supported(kc.head_dim, kc.bits, vc.bits, Hq // Hkv)
                 p = plans[key] = gpu_decode.DecodeStep("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_INPUTS, [("D", D), ("KB", _int_bits(kc.groups[0][2])),
-                    ("VB", _int_bits(vc.groups[0][2])), ("REP", Hq // Hkv), ("NW", MMA_WARPS), ("U", MMA_TOKENS // 16), ("EMU", 0)], B, Hq, Hkv, D,
+                    ("VB", _int_bits(vc.groups[0][2])), ("REP", Hq // Hkv), ("NW", MMA_WARPS), ("U", MMA_TOKENS // 16), ("EMU", 0), ("LC", TQ_TABLE_COPIES)], B, Hq, Hkv, D,
                     queries.dtype, scale, MMA_WARPS, MMA_TARGET_GROUPS, fused=True, rot=vc.R, hs=sinks is not None) if ok else False
             if p is False: return None  # more than 16 query heads per kv head: the reference path
             return p([queries, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _f32(kc.R)],
@@ -351,6 +351,8 @@ METHOD = register_method("turboquant", TurboQuantConfig, _make,
                          "random rotation + per-coordinate Lloyd–Max codes + fp16 norm (TurboQuant MSE, arXiv 2504.19874)")
 
 # %% ../../nbs/methods/turboquant.ipynb #67c1c0d6
+TQ_TABLE_COPIES = 32  # template LC of TQ_MMA_DECODE_BODY: copies of the codebook-pair tables in threadgroup memory (1: one shared table)
+
 TQ_MMA_DECODE_BODY = r"""
 // Tensor-core decode attention over TurboQuant MSE codes (one Lloyd-Max codebook per side, KB / VB bits per
 // coordinate packed LSB-first, fp16 norm per token; Zandieh et al. 2025, arXiv 2504.19874, Alg. 1). The scores are
@@ -359,12 +361,17 @@ TQ_MMA_DECODE_BODY = r"""
 // float32, row-major), ROWS = BH*REP, REP <= 16; kc: [BH, CAP, ceil(D KB/32)]
 // uint32, kn: [BH, CAP, 1] fp16; vc, vn likewise; klut: [2^(2 KB)] uint32, entry x | y << KB = the fp16 pair
 // (c[x], c[y]) of the key codebook (vlut likewise): one threadgroup-memory read turns two codes into an MMA operand
-// register. nref: shape [n]; sref: shape [split] (tokens per chunk, at run time). Template SCALE, NW, U, EMU as the affine kernel. Out m (natural log), l, acc.
+// register. The tables are held KLR / VLR times in threadgroup memory, copy j read by the lanes j mod KLR, so that
+// the 32 lanes' reads of random codes fall in different banks (one table shared by all lanes: a 64-entry table read at
+// random indices costs several bank-conflict wavefronts per read). Template LC (a power of 2, 1-32) caps the copies. nref: shape [n]; sref: shape [split] (tokens per chunk, at run time). Template SCALE, NW, U, EMU as the affine kernel. Out m (natural log), l, acc.
 """ + _MMA_DEFINE + r"""constexpr int KW = (D * KB + 31) / 32, VW = (D * VB + 31) / 32, KS = D / 16, NT = D / 8, DPT = D / 8, CPT = D / 4;
 constexpr int KSH = (CPT * KB) % 32 != 0, VSH = (DPT * VB) % 32 != 0;          // windows that may start mid-word
 constexpr int KL = (CPT * KB + 31) / 32 + KSH, VL = (DPT * VB + 31) / 32 + VSH;  // words loaded per lane and token
 VQ_SHARED float qs[REP * D];
-VQ_SHARED uint lk[1 << (2 * KB)], lv[1 << (2 * VB)];
+constexpr int LB = REP <= 4 ? 8192 : REP <= 8 ? 4096 : 1024;                  // bytes per side for the table copies
+#define VQ_TQ_COPIES(B) ((4 << (2 * (B))) * 32 <= LB ? 32 : (4 << (2 * (B))) * 8 <= LB ? 8 : (4 << (2 * (B))) * 2 <= LB ? 2 : 1)
+constexpr int KLR = VQ_TQ_COPIES(KB) < LC ? VQ_TQ_COPIES(KB) : LC, VLR = VQ_TQ_COPIES(VB) < LC ? VQ_TQ_COPIES(VB) : LC;
+VQ_SHARED uint lk[(1 << (2 * KB)) * KLR], lv[(1 << (2 * VB)) * VLR];
 VQ_SHARED float wm[NW * REP], wl[NW * REP];
 VQ_SHARED float wacc[NW * REP * D];
 const int n = nref_shape[0], cap = kc_shape[2], split = sref_shape[0];
@@ -389,11 +396,12 @@ for (int d = vq_tid; d < D; d += 32 * NW) {  // qs = scale (q R), one launch les
   VQ_UNROLL
   for (int r = 0; r < REP; r++) qs[r * D + d] = a[r] * scale;
 }
-for (int i = vq_tid; i < (1 << (2 * KB)); i += 32 * NW) lk[i] = klut[i];
-for (int i = vq_tid; i < (1 << (2 * VB)); i += 32 * NW) lv[i] = vlut[i];
+for (int i = vq_tid; i < (1 << (2 * KB)) * KLR; i += 32 * NW) lk[i] = klut[i / KLR];   // entry e, copy j at e KLR + j
+for (int i = vq_tid; i < (1 << (2 * VB)) * VLR; i += 32 * NW) lv[i] = vlut[i / VLR];
 vq_barrier();
 const int g = vq_lane / 4, t = vq_lane % 4;
 const bool ok0 = g < REP, ok1 = g + 8 < REP;
+const uint klo = vq_lane & (KLR - 1), vlo = vq_lane & (VLR - 1);   // this lane's copies of the tables
 // A operand of S: lane t owns channels CPT t .. CPT t + CPT - 1; k-step s: channels CPT t + 4s + {0, 1} (regs 0, 1)
 // and + {2, 3} (regs 2, 3), matching the code pairs (4s, 4s+1), (4s+2, 4s+3) of its window
 uint qa[KS][4];
@@ -457,8 +465,8 @@ for (int tt = t0 + (int)vq_warp * 16 * U; tt < t1; tt += 16 * U * NW) {
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     VQ_UNROLL
     for (int s = 0; s < KS; s++) {
-      const uint b0 = lk[vq_code(kr[nt], (4 * s) * KB, KB) | (vq_code(kr[nt], (4 * s + 1) * KB, KB) << KB)];
-      const uint b1 = lk[vq_code(kr[nt], (4 * s + 2) * KB, KB) | (vq_code(kr[nt], (4 * s + 3) * KB, KB) << KB)];
+      const uint b0 = lk[vq_code(kr[nt], (4 * s) * KB, 2 * KB) * KLR + klo];      // codes 4s, 4s+1: adjacent, one field
+      const uint b1 = lk[vq_code(kr[nt], (4 * s + 2) * KB, 2 * KB) * KLR + klo];
       VQ_MMA(c, qa[s], b0, b1);
     }
     VQ_UNROLL
@@ -479,8 +487,8 @@ for (int tt = t0 + (int)vq_warp * 16 * U; tt < t1; tt += 16 * U * NW) {
                         vq_bits_h2(vq_h2_pair(pv[2 * u + 1][2] * vn_[4 * u + 2], pv[2 * u + 1][3] * vn_[4 * u + 3]))};
     VQ_UNROLL
     for (int j = 0; j < NT; j++) {
-      const uint b0 = lv[vq_code(vr[4 * u], j * VB, VB) | (vq_code(vr[4 * u + 1], j * VB, VB) << VB)];
-      const uint b1 = lv[vq_code(vr[4 * u + 2], j * VB, VB) | (vq_code(vr[4 * u + 3], j * VB, VB) << VB)];
+      const uint b0 = lv[(vq_code(vr[4 * u], j * VB, VB) | (vq_code(vr[4 * u + 1], j * VB, VB) << VB)) * VLR + vlo];
+      const uint b1 = lv[(vq_code(vr[4 * u + 2], j * VB, VB) | (vq_code(vr[4 * u + 3], j * VB, VB) << VB)) * VLR + vlo];
       VQ_MMA(o[j], pa, b0, b1);
     }
   }
@@ -574,7 +582,7 @@ def _tq_step(queries, k, v, n, keys, values, scale, sinks, kc, vc, n_exact=None,
     kern = _kernel("vq_tq_mma_decode", TQ_MMA_DECODE_BODY, tuple(TQ_DECODE_INPUTS), tuple(DECODE_PARTIAL_OUTPUTS), gpu.backend())
     m, l, acc = kern(inputs=[queries, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _f32(kc.R), _nref(n), _nref(split), _no_rows()],
                      template=[("D", D), ("KB", _int_bits(kc.groups[0][2])), ("VB", _int_bits(vc.groups[0][2])), ("REP", rep),
-                               ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)), ("SCALE", _float_bits(scale)), ("PR", 0)],
+                               ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)), ("LC", TQ_TABLE_COPIES), ("SCALE", _float_bits(scale)), ("PR", 0)],
                      grid=(32 * warps * ns, B * Hkv, 1), threadgroup=(32 * warps, 1, 1),
                      output_shapes=[(rows, ns), (rows, ns), (rows, ns, D)], output_dtypes=[f32, f32, f32])
     return _merge_partials(m, l, acc, queries, keys, values, sinks, scale, rep, merge_warps, queries.dtype, n_exact,
@@ -656,12 +664,12 @@ TQ_DECODE_CU_TYPES = dict(inputs=[("q", "float32"), ("kc", "uint32"), ("kn", "fl
 TQ_APPEND_CU_TYPES = dict(inputs=[("xk", "bfloat16"), ("xv", "bfloat16"), ("R", "float32"), ("bk", "float32"), ("bv", "float32")],
                           outputs=[("kc", "uint32"), ("kn", "float16"), ("vc", "uint32"), ("vn", "float16")])
 
-register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SCALE=_float_bits(128 ** -0.5), PR=0),
-                [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, SCALE=_float_bits(0.125), PR=1),
-                 dict(D=128, KB=4, VB=1, REP=16, NW=4, U=1, EMU=1, SCALE=_float_bits(1.0), PR=0),
-                 dict(D=64, KB=1, VB=4, REP=8, NW=2, U=2, EMU=0, SCALE=_float_bits(0.1), PR=1)])
+register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, LC=32, SCALE=_float_bits(128 ** -0.5), PR=0),
+                [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, LC=1, SCALE=_float_bits(0.125), PR=1),
+                 dict(D=128, KB=4, VB=1, REP=16, NW=4, U=1, EMU=1, LC=32, SCALE=_float_bits(1.0), PR=0),
+                 dict(D=64, KB=1, VB=4, REP=8, NW=2, U=2, EMU=0, LC=8, SCALE=_float_bits(0.1), PR=1)])
 register_kernel("tq_mma_decode_fused", TQ_MMA_DECODE_BODY + gpu.DECODE_FINISH, dict(inputs=TQ_DECODE_CU_TYPES["inputs"] + gpu.DECODE_FINISH_CU_TYPES,
-                outputs=TQ_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16", PR=0),
-                [dict(D=64, KB=2, VB=4, REP=8, NW=4, U=1, EMU=1, SCALE=_float_bits(1.0), HS=1, ROT=1, OT="bfloat16", PR=0)])
+                outputs=TQ_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, LC=32, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16", PR=0),
+                [dict(D=64, KB=2, VB=4, REP=8, NW=4, U=1, EMU=1, LC=32, SCALE=_float_bits(1.0), HS=1, ROT=1, OT="bfloat16", PR=0)])
 register_kernel("tq_append", TQ_APPEND_BODY, TQ_APPEND_CU_TYPES, dict(D=128, KBITS=3, VBITS=3),
                 [dict(D=64, KBITS=1, VBITS=4), dict(D=96, KBITS=3, VBITS=2), dict(D=256, KBITS=4, VBITS=4)])
