@@ -12,7 +12,7 @@ python3 -c "import mlx.core as mx, importlib.metadata as m; print('mlx', mx.__ve
 case "$1" in
   tq) timeout ${TT:-150} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py -k "tq" 2>&1 | tail -n 6 | tee $OUT/gpu_tests_s19.txt
       timeout ${TA:-300} python3 scripts/tq_table_ab.py $OUT/tq_table_ab_s19.json --rounds ${ROUNDS:-2} 2>&1 | grep -v Warning | cut -c1-200
-      timeout ${TC:-100} python3 scripts/profile_coded.py $OUT/profile_coded_s19.json 32768 1 "polar;kivi" 2>&1 | grep -v Warning | tail -n 4 ;;
+      [ -n "${SKIP_CODED:-}" ] || timeout ${TC:-100} python3 scripts/profile_coded.py $OUT/profile_coded_s19.json 32768 1 "polar;kivi" 2>&1 | grep -v Warning | tail -n 4 ;;
   targets)
      timeout ${TG:-330} python3 -m veloxquant.cli benchmark --skip-decode --generate --contexts 8192,32768 --gen-batches 1 \
        --decode-tokens 128 --rounds ${ROUNDS:-3} --out $OUT/generate_b1_s19.json 2>&1 | grep -v Warning | tail -n 12
