@@ -121,7 +121,7 @@ __global__ void vq_tq_mma_decode_fused(
   constexpr int NW = 4;
   constexpr int U = 2;
   constexpr int EMU = 0;
-  constexpr int LC = 32;
+  constexpr int LC = 1;
   constexpr int SCALE = 1035273459;
   constexpr int HS = 0;
   constexpr int ROT = 1;

@@ -1,5 +1,5 @@
 """A/B of the codebook-pair table layout in turboquant's tensor-core decode kernel (`TQ_MMA_DECODE_BODY`, template LC):
-one table shared by the 32 lanes (LC = 1, the layout before) against a copy per lane (LC = 32, the default), alternated
+one table shared by the 32 lanes (LC = 1, the default so far) against a copy per lane (LC = 32), alternated
 in rounds in one process, each beside its baseline:
   - kernel, `bench.benchmark_tq_decode`: `pipelined_steps` steps back to back against fp16 SDPA (`vs_fp16`);
   - one layer through the cache, `bench.benchmark_layer`: update_and_fetch + mlx-lm's attention, each step evaluated

@@ -171,7 +171,8 @@ def _read_for_eval() -> bool:
     cache per chunk that nothing reads (on an H100 it took half of affine 4/4's prefill time at 8k and 32k:
     `scripts/prefill_state_ab.py`). On the CPU the reads stay sealed: there the pass cost little prefill time (79.2
     against 80.4 tok/s, affine 4/4 at 4k) and without it the process peak rose by 24 MB (0.990 to 1.014 GB), not yet
-    understood."""
+    understood: it is reached in the evaluation that runs the last prefill chunk (`scripts/peak_trace.py` on the CPU:
+    1.013 against 0.990 GB), and an unsealed read that still touches one element of every stored array keeps it."""
     if gpu.backend() is None: return False
     f = sys._getframe(1).f_back  # the caller of `seal_state` (None where `seal_state` is a thread's entry point)
     while f is not None and f.f_code.co_name == "state" and f.f_globals.get("__name__", "").startswith("veloxquant"):

@@ -351,7 +351,9 @@ METHOD = register_method("turboquant", TurboQuantConfig, _make,
                          "random rotation + per-coordinate Lloyd–Max codes + fp16 norm (TurboQuant MSE, arXiv 2504.19874)")
 
 # %% ../../nbs/methods/turboquant.ipynb #67c1c0d6
-TQ_TABLE_COPIES = 32  # template LC of TQ_MMA_DECODE_BODY: copies of the codebook-pair tables in threadgroup memory (1: one shared table)
+TQ_TABLE_COPIES = 1  # template LC of TQ_MMA_DECODE_BODY: copies of the codebook-pair tables in threadgroup memory (1: one shared
+# table, the layout measured so far). 32 (a copy per lane, no bank conflicts) compiles for sm_90 but has not yet been run on a GPU:
+# it becomes the default once its parity and `scripts/tq_table_ab.py` have run there (`scripts/gpu_s19.sh tq`).
 
 TQ_MMA_DECODE_BODY = r"""
 // Tensor-core decode attention over TurboQuant MSE codes (one Lloyd-Max codebook per side, KB / VB bits per
@@ -664,12 +666,12 @@ TQ_DECODE_CU_TYPES = dict(inputs=[("q", "float32"), ("kc", "uint32"), ("kn", "fl
 TQ_APPEND_CU_TYPES = dict(inputs=[("xk", "bfloat16"), ("xv", "bfloat16"), ("R", "float32"), ("bk", "float32"), ("bv", "float32")],
                           outputs=[("kc", "uint32"), ("kn", "float16"), ("vc", "uint32"), ("vn", "float16")])
 
-register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, LC=32, SCALE=_float_bits(128 ** -0.5), PR=0),
-                [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, LC=1, SCALE=_float_bits(0.125), PR=1),
+register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, LC=1, SCALE=_float_bits(128 ** -0.5), PR=0),
+                [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, LC=32, SCALE=_float_bits(0.125), PR=1),
                  dict(D=128, KB=4, VB=1, REP=16, NW=4, U=1, EMU=1, LC=32, SCALE=_float_bits(1.0), PR=0),
                  dict(D=64, KB=1, VB=4, REP=8, NW=2, U=2, EMU=0, LC=8, SCALE=_float_bits(0.1), PR=1)])
 register_kernel("tq_mma_decode_fused", TQ_MMA_DECODE_BODY + gpu.DECODE_FINISH, dict(inputs=TQ_DECODE_CU_TYPES["inputs"] + gpu.DECODE_FINISH_CU_TYPES,
-                outputs=TQ_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, LC=32, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16", PR=0),
+                outputs=TQ_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, LC=1, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16", PR=0),
                 [dict(D=64, KB=2, VB=4, REP=8, NW=4, U=1, EMU=1, LC=32, SCALE=_float_bits(1.0), HS=1, ROT=1, OT="bfloat16", PR=0)])
 register_kernel("tq_append", TQ_APPEND_BODY, TQ_APPEND_CU_TYPES, dict(D=128, KBITS=3, VBITS=3),
                 [dict(D=64, KBITS=1, VBITS=4), dict(D=96, KBITS=3, VBITS=2), dict(D=256, KBITS=4, VBITS=4)])
