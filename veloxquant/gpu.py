@@ -162,11 +162,13 @@ PROLOGUE_CUDA = """const uint vq_lane = threadIdx.x % 32, vq_warp = threadIdx.x 
 const uint vq_group_x = blockIdx.x, vq_group_y = blockIdx.y;
 """
 
+_BACKEND: list = []  # the answer of `backend()`, asked once per process
+
 def backend() -> str | None:
-    "`'metal'`, `'cuda'` or `None` (no GPU back-end: the MLX reference path runs)."
-    if mx.metal.is_available(): return "metal"
-    if hasattr(mx, "cuda") and mx.cuda.is_available(): return "cuda"
-    return None
+    "`'metal'`, `'cuda'` or `None` (no GPU back-end: the MLX reference path runs). Asked of MLX once per process (it is on every decode step's path)."
+    if not _BACKEND:
+        _BACKEND.append("metal" if mx.metal.is_available() else "cuda" if hasattr(mx, "cuda") and mx.cuda.is_available() else None)
+    return _BACKEND[0]
 
 class KernelFailed(RuntimeError):
     "A GPU kernel failed to compile or launch (`kernel`: its name, `error`: what MLX reported); callers fall back to the reference path."
@@ -190,8 +192,8 @@ def inject_failure(name: str, error: Exception | None = None):
 
 def _shape_class(name: str, kw: dict) -> tuple:
     "What a kernel is compiled for: its name, template, threadgroup, output dtypes and the inputs' dtypes and ranks."
-    return (name, tuple(kw.get("template") or ()), tuple(kw.get("threadgroup") or ()), tuple(str(d) for d in kw.get("output_dtypes") or ()),
-            tuple((str(a.dtype), a.ndim) for a in kw.get("inputs") or ()))
+    return (name, tuple(kw.get("template") or ()), tuple(kw.get("threadgroup") or ()), tuple(kw.get("output_dtypes") or ()),
+            tuple([(a.dtype, a.ndim) for a in kw.get("inputs") or ()]))  # dtypes as they are: str() of one costs 0.3 µs, every launch
 
 def _fail(name: str, e: Exception):
     FAILED[name] = f"{type(e).__name__}: {str(e)[:500]}"
