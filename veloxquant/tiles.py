@@ -319,12 +319,16 @@ def coded_supported(rk: TileReader, rv: TileReader, rep: int) -> bool:
     return (rk.dims % 64 == 0 and rv.dims % 64 == 0 and max(rk.dims, rv.dims) <= CODED_MAX_DIM and rep >= 1
             and 4 * CODED_WARPS * rep * (rv.dims + 2) <= gpu._smem_limit())
 
-def coded_partials(qt: mx.array, rk: TileReader, rv: TileReader, k_arrays: dict, v_arrays: dict, n: int, rep: int):
+_CODED_PLANS: dict = {}  # (reader pair, B·Hkv, n) -> (split, chunks): the launch shape of a step, worked out once per length
+
+def coded_partials(qt: mx.array, rk: TileReader, rv: TileReader, k_arrays: dict, v_arrays: dict, n: int, rep: int,
+                   verified: bool = False):
     """Chunk partials of one decode step over the first `n` tokens of a cache's stores, each token's key and value decoded
     in registers by the readers (no tile in memory; one launch for the whole history): `qt` float32 [ROWS, DK] the
     queries in the key domain times scale·log2(e), rows = (batch · kv head) · rep + r; `k_arrays` / `v_arrays` the
     stores' arrays [B, Hkv, CAP, ...]. Returns `m`, `l` [ROWS, NS], `acc` [ROWS, NS, DV] float32 as `tile_partials`.
-    Raises `gpu.KernelFailed` where the kernel cannot run (the caller falls back); GPU back-ends only."""
+    Raises `gpu.KernelFailed` where the kernel cannot run (the caller falls back); GPU back-ends only. `verified`: this
+    layout was launched through the safety net before by this cache (`coded_decode`): the kernel is called without the per-call check."""
     k = (rk.name, rv.name)
     c = _CODED.get(k)
     if c is None:
@@ -334,8 +338,13 @@ def coded_partials(qt: mx.array, rk: TileReader, rv: TileReader, k_arrays: dict,
     a0 = k_arrays[next(iter(rk.fields))]
     BH = a0.shape[0] * a0.shape[1]
     NW, U = CODED_WARPS, CODED_TOKENS
-    split = gpu.decode_split(n, BH, CODED_TARGET_GROUPS, warps=NW); ns = -(-n // split)
+    p = _CODED_PLANS.get((k, BH, n))
+    if p is None:
+        if len(_CODED_PLANS) > 1024: _CODED_PLANS.clear()
+        split = gpu.decode_split(n, BH, CODED_TARGET_GROUPS, warps=NW); p = _CODED_PLANS[k, BH, n] = (split, -(-n // split))
+    split, ns = p
     kern = gpu._kernel(kname, body, names, tuple(gpu.DECODE_PARTIAL_OUTPUTS), gpu.backend())
+    if verified and kern._kern is not None and not gpu.kernel_failed(kname): kern = kern._kern
     rows = BH * rep
     return kern(inputs=[qt, *rk.inputs(k_arrays), *rv.inputs(v_arrays), gpu._nref(n), gpu._nref(split)],
                 template=[("DK", rk.dims), ("DV", rv.dims), ("REP", rep), ("NW", NW), ("U", U)],
@@ -374,8 +383,16 @@ def coded_decode(kc, vc, queries, k_arrays: dict, v_arrays: dict, n: int, ek, ev
     fns = _tile_fns(kc, vc, key, mx.float16)
     qt = fns.prep(queries, Hkv, float(scale) * _LOG2E)
     if qt.shape[-1] != rk.dims or ev.shape[-1] != D: return None
-    m, l, acc = coded_partials(qt, rk, rv, k_arrays, v_arrays, n, rep)
     dt = queries.dtype
-    return gpu_decode._merge_partials(m, l, acc, queries, ek.astype(dt), ev.astype(dt), sinks, scale, rep, gpu.MERGE_WARPS, dt,
-                                      n_exact, rot=fns.rot, out_shape=(B, Hq, 1, D))
+    # everything the two launches' shape classes (`gpu._shape_class`) depend on: the readers fix the partials' template
+    # and input dtypes; the merge's template holds D, rep, the warps, the dtype, sinks, rotation and the scale
+    layout = (rk.name, rv.name, rep, D, dt, sinks is None, fns.rot is None, float(scale), queries.ndim, ek.ndim,
+              CODED_WARPS, CODED_TOKENS, gpu.MERGE_WARPS)
+    done = kc.__dict__.setdefault("_coded_seen", set())  # per cache (as `DecodeStep`): a new cache probes its first step again
+    seen = layout in done
+    m, l, acc = coded_partials(qt, rk, rv, k_arrays, v_arrays, n, rep, verified=seen)
+    out = gpu_decode._merge_partials(m, l, acc, queries, ek.astype(dt), ev.astype(dt), sinks, scale, rep, gpu.MERGE_WARPS, dt,
+                                     n_exact, rot=fns.rot, out_shape=(B, Hq, 1, D), verified=seen)
+    if not seen: done.add(layout)
+    return out
 
