@@ -132,3 +132,23 @@ def test_gpu_coded_equals_reference(spec, shape):
     out, ref, calls = _pair(spec, B, Hkv, rep, D, n, True, sinks=(B == 2))
     assert calls == [1], calls
     assert mx.allclose(out.astype(mx.float32), ref.astype(mx.float32), rtol=3e-3, atol=3e-3).item(), float(mx.abs(out - ref).max())
+
+
+@needs_gxx
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["polar", "kivi", "qjl"])
+def test_gpu_coded_second_step_calls_directly(spec):
+    """A cache's second step of one layout launches the kernels directly (without the safety net's per-call check,
+    `coded_decode`): it gives the first step's answer for the same state and query."""
+    B, Hkv, rep, D, n = 1, 8, 4, 128, 3000
+    mx.random.seed(2)
+    c = parse_method(spec).make_cache()
+    k, v = (mx.random.normal((B, Hkv, n, D)).astype(mx.float16) for _ in "kv")
+    c.update_and_fetch(k, v); c.attend(mx.random.normal((B, Hkv * rep, n, D)).astype(mx.float16), k, v, D ** -0.5, "causal")
+    k1, v1 = (mx.random.normal((B, Hkv, 1, D)).astype(mx.float16) for _ in "kv")
+    c.update_and_fetch(k1, v1); c.pending = None
+    q = mx.random.normal((B, Hkv * rep, 1, D)).astype(mx.float16)
+    first = c.attend(q, k1, v1, D ** -0.5, None)
+    assert len(c.k_codec.__dict__.get("_coded_seen", ())) == 1  # the layout went through the safety net once
+    second = c.attend(q, k1, v1, D ** -0.5, None)
+    assert mx.array_equal(first, second).item()
