@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import mlx.core as mx, importlib.metadata as m; print('mlx', mx.__version__, 'mlx-lm', m.version('mlx-lm'), mx.default_device())" | tee -a $OUT/gpu_s19_versions.txt
 case "$1" in
   tq) timeout ${TT:-150} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py tests/test_coded_decode.py -k "tq or second" 2>&1 | tail -n 6 | tee $OUT/gpu_tests_s19.txt
-      timeout ${TA:-300} python3 scripts/tq_table_ab.py $OUT/tq_table_ab_s19.json --rounds ${ROUNDS:-2} --seq-lens ${SEQ:-8192,32768} 2>&1 | grep -v Warning | cut -c1-200
+      timeout ${TA:-300} python3 scripts/tq_table_ab.py $OUT/tq_table_ab_s19.json --rounds ${ROUNDS:-2} --seq-lens ${SEQ:-8192,32768} --affine 2>&1 | grep -v Warning | cut -c1-200
       [ -n "${SKIP_CODED:-}" ] || timeout ${TC:-100} python3 scripts/profile_coded.py $OUT/profile_coded_s19.json 32768 1 "polar;kivi" 2>&1 | grep -v Warning | tail -n 4 ;;
   targets)
      timeout ${TG:-330} python3 -m veloxquant.cli benchmark --skip-decode --generate --contexts 8192,32768 --gen-batches 1 \
