@@ -89,3 +89,20 @@ def test_probe_runs_once_per_shape_class():
     k = gpu.GuardedKernel("vq_fake", Fake)
     for t in ([("D", 64)], [("D", 64)], [("D", 128)]): k(inputs=[mx.zeros((1, 2))], template=t, output_dtypes=[mx.float32])
     assert len(gpu._VERIFIED) == 2 and len(calls) == 3 and not gpu.FAILED
+
+
+def test_direct_call_only_for_a_built_kernel_without_failure():
+    """`GuardedKernel.direct()` (what `DecodeStep` and the coded path call once a layout has been probed) is None before the
+    first build and while a failure is injected, so that an injected failure is seen by a cache past its first step too."""
+    class Fake:
+        def __call__(self, **kw): return [mx.zeros((2,))]
+    k = gpu.GuardedKernel("vq_fake_direct", Fake)
+    kw = dict(inputs=[mx.zeros((1, 2))], template=[("D", 64)], output_dtypes=[mx.float32])
+    assert k.direct() is None
+    k(**kw)
+    assert k.direct() is not None
+    with gpu.inject_failure("vq_fake_direct"):
+        assert k.direct() is None
+        with pytest.warns(RuntimeWarning, match="vq_fake_direct"), pytest.raises(gpu.KernelFailed):
+            k(**kw)
+    assert k.direct() is not None and not gpu.FAILED

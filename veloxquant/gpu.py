@@ -220,6 +220,11 @@ class GuardedKernel:
         except Exception as e: _fail(self.name, e)
         _VERIFIED.add(key)
         return out
+    def direct(self):
+        """The compiled kernel, to be called without the per-call check by a caller that has launched this exact layout
+        through `__call__` before (`DecodeStep`, `tiles.coded_decode`); None while it is not built, after it failed, or
+        while a failure is injected (`inject_failure`: the next launch goes through the probe again)."""
+        return self._kern if self._kern is not None and self.name not in FAILED and self.name not in _INJECT else None
 
 def kernel_failed(name: str) -> bool: return name in FAILED
 

@@ -150,7 +150,7 @@ def _merge_partials(m, l, acc, q2, ek, ev, sinks, scale: float, rep: int, merge_
     Hq = sinks.shape[0] if sinks is not None else 0
     sk = (mx.broadcast_to(sinks.astype(mx.float32).reshape(1, Hq), (rows // Hq, Hq)).reshape(rows) if sinks is not None else _no_sinks())
     kern = _kernel("vq_decode_merge", DECODE_MERGE_BODY, tuple(DECODE_MERGE_INPUTS), ("out",), backend())
-    if verified and kern._kern is not None and kern.name not in FAILED: kern = kern._kern
+    if verified and kern.direct() is not None: kern = kern.direct()
     (out,) = kern(inputs=[m, l, acc, q2, ek, ev, sk, _nref(ek.shape[2] if n_exact is None else n_exact),
                           _no_sinks() if rot is None else _rot_t(rot), _no_rows() if ranges is None else ranges],
                   template=[("D", D), ("REP", rep), ("NW", merge_warps), ("OT", out_dtype), ("HS", int(sinks is not None)),
@@ -205,7 +205,7 @@ class DecodeStep:
         if rows is not None and not self.takes_rows: raise ValueError(f"decode kernel vq_{self.kern.name} takes no per-row ranges")
         rr = [_no_rows() if rows is None else rows] if self.takes_rows else []
         seen = (pr, ek.dtype, ev.dtype, sinks is None, gpu.MERGE_WARPS)  # what else could change the kernels' shape class
-        direct = seen in self._seen and self.kern._kern is not None and self.kern.name not in FAILED
+        direct = seen in self._seen and self.kern.direct() is not None
         m, l, acc = (self.kern._kern if direct else self.kern)(inputs=inputs + [_nref(n), sref] + rr, template=tmpl, grid=grid,
                               threadgroup=self.tg, output_shapes=shapes, output_dtypes=[mx.float32, mx.float32, mx.float32])
         out = _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, gpu.MERGE_WARPS, self.dtype, n_exact,

@@ -319,7 +319,7 @@ def coded_supported(rk: TileReader, rv: TileReader, rep: int) -> bool:
     return (rk.dims % 64 == 0 and rv.dims % 64 == 0 and max(rk.dims, rv.dims) <= CODED_MAX_DIM and rep >= 1
             and 4 * CODED_WARPS * rep * (rv.dims + 2) <= gpu._smem_limit())
 
-_CODED_PLANS: dict = {}  # (reader pair, B·Hkv, n) -> (split, chunks): the launch shape of a step, worked out once per length
+_CODED_PLANS: dict = {}  # (reader pair, B·Hkv, n, warps, target) -> (split, chunks): a step's launch shape, once per length
 
 def coded_partials(qt: mx.array, rk: TileReader, rv: TileReader, k_arrays: dict, v_arrays: dict, n: int, rep: int,
                    verified: bool = False):
@@ -338,13 +338,14 @@ def coded_partials(qt: mx.array, rk: TileReader, rv: TileReader, k_arrays: dict,
     a0 = k_arrays[next(iter(rk.fields))]
     BH = a0.shape[0] * a0.shape[1]
     NW, U = CODED_WARPS, CODED_TOKENS
-    p = _CODED_PLANS.get((k, BH, n))
+    pk = (k, BH, n, NW, CODED_TARGET_GROUPS)
+    p = _CODED_PLANS.get(pk)
     if p is None:
         if len(_CODED_PLANS) > 1024: _CODED_PLANS.clear()
-        split = gpu.decode_split(n, BH, CODED_TARGET_GROUPS, warps=NW); p = _CODED_PLANS[k, BH, n] = (split, -(-n // split))
+        split = gpu.decode_split(n, BH, CODED_TARGET_GROUPS, warps=NW); p = _CODED_PLANS[pk] = (split, -(-n // split))
     split, ns = p
     kern = gpu._kernel(kname, body, names, tuple(gpu.DECODE_PARTIAL_OUTPUTS), gpu.backend())
-    if verified and kern._kern is not None and not gpu.kernel_failed(kname): kern = kern._kern
+    if verified and kern.direct() is not None: kern = kern.direct()
     rows = BH * rep
     return kern(inputs=[qt, *rk.inputs(k_arrays), *rv.inputs(v_arrays), gpu._nref(n), gpu._nref(split)],
                 template=[("DK", rk.dims), ("DV", rv.dims), ("REP", rep), ("NW", NW), ("U", U)],
