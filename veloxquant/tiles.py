@@ -386,9 +386,11 @@ def coded_decode(kc, vc, queries, k_arrays: dict, v_arrays: dict, n: int, ek, ev
     if qt.shape[-1] != rk.dims or ev.shape[-1] != D: return None
     dt = queries.dtype
     # everything the two launches' shape classes (`gpu._shape_class`) depend on: the readers fix the partials' template
-    # and input dtypes; the merge's template holds D, rep, the warps, the dtype, sinks, rotation and the scale
+    # and input dtypes as declared; the stores' actual dtypes (a state loaded from elsewhere) are part of it too; the
+    # merge's template holds D, rep, the warps, the dtype, sinks, rotation and the scale
     layout = (rk.name, rv.name, rep, D, dt, sinks is None, fns.rot is None, float(scale), queries.ndim, ek.ndim,
-              CODED_WARPS, CODED_TOKENS, gpu.MERGE_WARPS)
+              CODED_WARPS, CODED_TOKENS, gpu.MERGE_WARPS, *(a.dtype for a in k_arrays.values()),
+              *(a.dtype for a in v_arrays.values()))
     done = kc.__dict__.setdefault("_coded_seen", set())  # per cache (as `DecodeStep`): a new cache probes its first step again
     seen = layout in done
     m, l, acc = coded_partials(qt, rk, rv, k_arrays, v_arrays, n, rep, verified=seen)
