@@ -6,7 +6,7 @@
 from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, ChunkedKVCache
-from .core import KVCacheConfig
+from .core import KVCacheConfig, parse_method
 from .attention import install, attention_hook
 from .sliding import equivalent_cache
 import veloxquant.mla as mla
@@ -143,7 +143,8 @@ class KVCacheBuilder:
         Raises `ValueError` for a config that is not a `KVCacheConfig`, the build-time refusal of `check_model`
         (`veloxquant cannot serve model family ...`) for a model veloxquant cannot serve, and when a calibrated
         method's artifact is missing or made for something else."""
-        if not isinstance(config, KVCacheConfig): raise ValueError(f"config={config!r} must be a KVCacheConfig")
+        if not isinstance(config, KVCacheConfig):
+            raise ValueError(f"config={config!r} must be a KVCacheConfig (for a method spec string: veloxquant.parse_method(spec))")
         install()
         check_model(model)
         _refuse_mla_method(model, config)  # before a calibrated method looks for its artifact
@@ -171,14 +172,16 @@ class KVCacheBuilder:
         _check_codecs(model, config, caches)  # a codec that cannot code these heads: refused now, not at the first token
         return caches
 
-def compress(model, config: KVCacheConfig, probe: bool = True):
-    """Make `model.make_cache()` return fresh veloxquant caches built from `config`; returns `model`.
+def compress(model, config: KVCacheConfig | str, probe: bool = True):
+    """Make `model.make_cache()` return fresh veloxquant caches built from `config` (a `KVCacheConfig`, or a method spec
+    string such as `"affine:key_bits=4,value_bits=4"`, read by `parse_method`); returns `model`.
 
     Installs the attention dispatcher (idempotent) and checks the model (`check_model`: a model veloxquant cannot
     serve raises the build-time refusal `ValueError`, and the model is left as it was). `probe=False` skips the
     probe for a model the caller vouches for (benchmarks of known models); the cache-type check still runs.
     `decompress(model)` undoes it."""
-    if not isinstance(config, KVCacheConfig): raise ValueError(f"config={config!r} must be a KVCacheConfig")
+    if isinstance(config, str): config = parse_method(config)
+    if not isinstance(config, KVCacheConfig): raise ValueError(f"config={config!r} must be a KVCacheConfig or a method spec string")
     install()
     if not probe and not isinstance(getattr(model, "_vq_verdict", None), _Verdict): model._vq_verdict = _Verdict(None)
     KVCacheBuilder.for_model(model, config)  # validates the model and the config before anything is changed

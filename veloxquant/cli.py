@@ -187,8 +187,8 @@ def draft_model_refusal(config: KVCacheConfig, rest: list[str] = ()) -> str | No
     try: trimmable = config.make_cache().is_trimmable()
     except Exception: return None  # a method that builds only with a model (calibrated): mlx-lm's own check then
     if trimmable: return None
-    return (f"--draft-model (speculative decoding) trims the tokens the main model rejects, and method {config.method!r}'s "
-            "caches cannot be trimmed (is_trimmable() is False); drop the flag")
+    return (f"--draft-model (speculative decoding) trims the tokens the main model rejects, and the caches of method "
+            f"{config.method!r} cannot be trimmed (is_trimmable() is False); drop the flag")
 
 def with_prompt_passes(step_fn, tokenizer):
     """Wrap mlx-lm's `generate_step` (`step_fn`) for caches with a prompt pass of their own (KVzip): a generator that,
@@ -305,7 +305,7 @@ def benchmark_main(argv):
     p.add_argument("--gen-batches", type=int_list("gen_batches", 1, 256), default="1",
                    help="--generate: comma-separated batch sizes; B > 1 runs mlx-lm's BatchGenerator (default: %(default)s)")
     p.add_argument("--methods", default="stock;affine:key_bits=4,value_bits=4;turboquant:key_bits=3,value_bits=3",
-                   help="--generate: ';'-separated method specs, 'stock' = mlx-lm's own caches (default: %(default)s)")
+                   help="--generate and --layer: ';'-separated method specs, 'stock' = mlx-lm's own caches (default: %(default)s)")
     p.add_argument("--decode-tokens", type=int_list("decode_tokens", 2, 100000, single=True), default="64",
                    help="--generate: timed decode steps (default: %(default)s)")
     p.add_argument("--rounds", type=int_list("rounds", 1, 100, single=True), default="1",
@@ -324,6 +324,8 @@ def benchmark_main(argv):
     from veloxquant.gpu import backend
     if backend() is None and a.append:
         print("no GPU back-end: --append needs one and is skipped (the decode table runs the reference variants only)")
+    if a.skip_decode and not (a.append or a.layer or a.generate):
+        p.error("nothing to run: --skip-decode leaves no table; add --layer, --generate or --append")
     res = {}
     if not a.skip_decode:
         rows = benchmark_decode(a.seq_lens, a.batches, a.head_dims, bits=a.bits, repeats=a.repeats[0])
@@ -351,6 +353,10 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("MLX_CUDA_SDPA_CACHE_SIZE", "4096")  # for child processes (see `veloxquant/__init__`)
     _maybe_reexec_with_openblas(argv)
+    from veloxquant.models import cache_dir
+    try: cache_dir()  # a bad $VELOXQUANT_CACHE: one line, before any command starts
+    except ValueError as e:
+        print(f"veloxquant: error: {e}", file=sys.stderr); return 2
     if argv and argv[0] == "generate": return generate_main(argv[1:])
     if argv and argv[0] == "benchmark":  # the console script passes main()'s return value to sys.exit: return None
         benchmark_main(argv[1:]); return None
@@ -358,7 +364,9 @@ def main(argv=None):
         from veloxquant.serve import serve_main
         return serve_main(argv[1:])
     p = argparse.ArgumentParser(prog="veloxquant", description="KV-cache compression for mlx-lm")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    from veloxquant import __version__
+    p.add_argument("--version", action="version", version=f"veloxquant {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{demo,generate,benchmark,serve,precompute,calibrate,eval}")
     d = sub.add_parser("demo", help="fp16 vs a compressed cache on the default model and a real 2k-token prompt")
     d.add_argument("--method", default="affine:key_bits=4,value_bits=4", help="method spec 'id:opt=val,...'; methods: " + ", ".join(method_ids()))
     d.add_argument("--model", default=None, help="mlx_lm model path, hub id or gemma3-270m (Gemma Terms of Use) (default: embedded SmolLM2-135M-Instruct)")

@@ -127,7 +127,12 @@ def parse_method(spec: str) -> KVCacheConfig:
 def cache_report(caches: list) -> dict:
     """Size report of a list of per-layer caches: `nbytes` (resident bytes, int), `elements` (number
     of K and V elements stored, int), `fp16_bytes`, `bits_per_element`, `compression_ratio` and
-    `shared_bytes` (artifacts shared by all layers, counted once)."""
+    `shared_bytes` (artifacts shared by all layers, counted once); `bits_per_element` and `compression_ratio`
+    are NaN while nothing is stored (fresh caches). Raises `ValueError` when `caches` is not a list or tuple of
+    caches (objects with `nbytes`)."""
+    if not isinstance(caches, (list, tuple)) or not all(hasattr(c, "nbytes") for c in caches):
+        raise ValueError(f"caches={type(caches).__name__ if not isinstance(caches, (list, tuple)) else [type(c).__name__ for c in caches]!r}"
+                         " must be a list of per-layer caches (each with `nbytes`), e.g. model.make_cache()")
     nbytes = sum(c.nbytes for c in caches)
     elements = sum(getattr(c, "n_elements", 0) for c in caches)
     if not elements:  # plain mlx_lm caches

@@ -35,8 +35,13 @@ __all__ = ['GGUF_SHA256', 'GGUF_SIZE', 'GGUF_WHEEL', 'GGUF_MEMBER', 'DEFAULT_MOD
 def cache_dir() -> Path:
     """veloxquant's cache directory (not created here).
 
-    `$VELOXQUANT_CACHE` if set, else `$XDG_CACHE_HOME/veloxquant`, else `~/.cache/veloxquant`."""
-    if os.environ.get("VELOXQUANT_CACHE"): return Path(os.environ["VELOXQUANT_CACHE"]).expanduser()
+    `$VELOXQUANT_CACHE` if set, else `$XDG_CACHE_HOME/veloxquant`, else `~/.cache/veloxquant`. Raises `ValueError`
+    when `$VELOXQUANT_CACHE` names something that exists and is not a directory."""
+    if os.environ.get("VELOXQUANT_CACHE"):
+        d = Path(os.environ["VELOXQUANT_CACHE"]).expanduser()
+        if d.exists() and not d.is_dir():
+            raise ValueError(f"VELOXQUANT_CACHE={str(d)!r} is not a directory: point it at a directory (created if missing) or unset it")
+        return d
     if os.environ.get("XDG_CACHE_HOME"): return Path(os.environ["XDG_CACHE_HOME"]).expanduser()/"veloxquant"
     return Path.home()/".cache"/"veloxquant"
 

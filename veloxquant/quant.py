@@ -199,7 +199,7 @@ def precompute(path=None, bits=CODEBOOK_BITS, dims=SPHERE_DIMS, kinds=("gaussian
 _ARTIFACT: dict = {}
 
 def _artifact(path: Path) -> dict:
-    if path not in _ARTIFACT: _ARTIFACT[path] = load_codebooks(path) if path.exists() else {}
+    if path not in _ARTIFACT: _ARTIFACT[path] = load_codebooks(path) if path is not None and path.exists() else {}
     return _ARTIFACT[path]
 
 @dataclass(frozen=True)
@@ -229,8 +229,10 @@ def codebook(kind: str, bits: int, dim: int | None = None, path=None) -> Codeboo
     "The Lloyd–Max `Codebook` of `kind` ('gaussian', 'laplace', 'sphere' with `dim`) at `bits` (artifact if present, else computed)."
     if type(bits) is not int or not 1 <= bits <= 8: raise ValueError(f"bits={bits!r} is not allowed; allowed: integers in [1, 8]")
     name = dist_name(kind, dim)
-    return _codebook(name, kind, bits, dim if kind == "sphere" else None,
-                     Path(path) if path is not None else default_codebook_path())
+    if path is None:
+        try: path = default_codebook_path()
+        except ValueError: path = None  # no usable cache directory: computed here (`precompute` names the problem)
+    return _codebook(name, kind, bits, dim if kind == "sphere" else None, Path(path) if path is not None else None)
 
 # %% ../nbs/03_quant.ipynb #d260b6bf
 PACK_BITS = (1, 2, 3, 4, 8)
