@@ -100,6 +100,8 @@ def print_benchmark(rows: list[dict], pipelined: bool = False, hbm_GBps: float =
     by = defaultdict(dict)
     for r in rows: by[(r["D"], r["B"], r["S"])][r["variant"]] = r
     names = list(dict.fromkeys(r["variant"] for r in rows))
+    print(f"queries and K/V in float16 on the {backend() or 'cpu'} back-end" + ("" if backend() else
+          " (MLX's CPU float16 arithmetic is slow: fp16 SDPA here is no GPU baseline; the fused columns need a GPU)"))
     print(f"{'D':>4} {'B':>2} {'S':>7} | " + " | ".join(f"{n:>26}" for n in names) + " | fused vs fp16 | fused HBM")
     for (D, B, S), d in by.items():
         cells = [f"{d[n][us]:9.1f} µs {d[n][gb]:7.1f} GB/s" if n in d else " " * 26 for n in names]
@@ -401,7 +403,8 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
             mx.eval(out, *_cache_arrays(cache))
             if i >= 3: ts.append(time.perf_counter() - t0)
         ts.sort()
-        rows.append(dict(method=spec, S=S, B=B, us=1e6 * ts[len(ts) // 2], kv_bytes=cache.nbytes, backend=backend() or "cpu"))
+        rows.append(dict(method=spec, S=S, B=B, us=1e6 * ts[len(ts) // 2], kv_bytes=cache.nbytes, backend=backend() or "cpu",
+                         dtype=str(dtype).replace("mlx.core.", "")))
         del cache
     base_us = {(r["S"], r["B"]): r["us"] for r in rows if r["method"] == STOCK}
     for r in rows:
@@ -410,6 +413,7 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
 
 def print_layer(rows: list[dict]) -> None:
     "The table of `benchmark_layer` records."
+    if rows: print(f"queries and K/V in {rows[0].get('dtype', '?')} on the {rows[0]['backend']} back-end; KV MB: 10^6 bytes the cache holds (stock: its buffer, headroom included)")
     print("| S | B | method | µs per layer step | × stock speed | KV MB |"); print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['S']} | {r['B']} | {r['method']} | {r['us']:.0f} | {format(r['ratio'], '.2f') if 'ratio' in r else '–'} | {r['kv_bytes'] / 1e6:.1f} |")
