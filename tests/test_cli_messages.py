@@ -32,3 +32,10 @@ def test_cache_report_refuses_what_is_not_a_list_of_caches():
 def test_draft_refusal_names_the_method_once():
     msg = draft_model_refusal(parse_method("snapkv"), ["--draft-model", "x"])
     assert msg is not None and "'snapkv'" in msg and "''" not in msg
+
+
+def test_eval_errors_name_the_flag(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--methods", "fp16", "--tasks", "kl", "--context", "256", "--scored", "250", "--no-charts", "--no-progress"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--scored=250" in err and "n_scored" not in err

@@ -406,8 +406,12 @@ def main(argv=None):
     elif a.cmd == "eval":
         try:
             eval_main(a)
-        except ValueError as e:
-            p.exit(2, f"veloxquant eval: error: {e}\n")
+        except ValueError as e:  # the API's argument names as the flags the user typed
+            msg = str(e)
+            for api, flag in (("n_scored=", "--scored="), ("niah_depths=", "--niah-depths="), ("niah_lengths=", "--niah-lengths="),
+                              ("chunk=", "--chunk="), ("context=", "--context=")):
+                if msg.startswith(api): msg = flag + msg[len(api):]
+            p.exit(2, f"\nveloxquant eval: error: {msg}\n")
     elif a.cmd == "calibrate":
         from veloxquant.calibrate import calibrate
         try:
