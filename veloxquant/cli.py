@@ -364,8 +364,8 @@ def main(argv=None):
         from veloxquant.serve import serve_main
         return serve_main(argv[1:])
     p = argparse.ArgumentParser(prog="veloxquant", description="KV-cache compression for mlx-lm")
-    from veloxquant import __version__
-    p.add_argument("--version", action="version", version=f"veloxquant {__version__}")
+    from importlib.metadata import version
+    p.add_argument("--version", action="version", version=f"veloxquant {version('veloxquant')}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="{demo,generate,benchmark,serve,precompute,calibrate,eval}")
     d = sub.add_parser("demo", help="fp16 vs a compressed cache on the default model and a real 2k-token prompt")
     d.add_argument("--method", default="affine:key_bits=4,value_bits=4", help="method spec 'id:opt=val,...'; methods: " + ", ".join(method_ids()))
