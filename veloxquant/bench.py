@@ -360,13 +360,17 @@ def _cache_arrays(cache) -> list:
 def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3"),
                     seq_lens=(4096, 32768), batches=(1, 8), n_heads: int = 32, n_kv_heads: int = 8, head_dim: int = 128,
                     steps: int = 12, prefill_chunk: int = 2048, dtype=None, progress: bool = True,
-                    prefill_attention: bool = True) -> list[dict]:
+                    prefill_attention: bool = True, layers: int = 1) -> list[dict]:
     """One layer's decode step as a model runs it: `cache.update_and_fetch` of the step's key/value, then mlx-lm's
     `scaled_dot_product_attention` (the dispatcher for veloxquant caches), evaluated with the cache's arrays, after a
     prefill of `S` random tokens in `prefill_chunk`-token chunks through the same calls. Median µs of `steps` steps
     (each evaluated on its own: launches and host work included), stock mlx-lm's `KVCache` (`"stock"`) side by side,
     `ratio` = stock µs / method µs (> 1: faster than stock). `prefill_attention` False fills the caches by
     `update_and_fetch` alone (the same cache state for the methods timed here; a shorter run). Shapes: queries [B, n_heads, 1, head_dim] in `dtype` (None: float16 on a GPU, float32 on the CPU, as the models run).
+    `layers` > 1 times the step as a model's forward queues it instead: `layers` caches (filled alike; the first
+    through the attention as above, the rest by `update_and_fetch`) stepped in turn, each step's outputs queued with
+    `mx.async_eval` as mlx-lm's `generate_step` does, one wait after `steps` steps; `us` = the median of 3 such runs
+    / (`steps` · `layers`): per layer and step, launch latency overlapped with the GPU's work as in a model.
     Raises `ValueError` for a bad method spec or shape."""
     import time
     import mlx_lm.models.base as base  # its scaled_dot_product_attention is the dispatcher once veloxquant caches exist
@@ -375,7 +379,8 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
     for name, xs in (("seq_lens", seq_lens), ("batches", batches)):
         if not xs or any(type(x) is not int or x < 1 for x in xs): raise ValueError(f"benchmark_layer: {name}={xs!r} must be positive integers")
     if n_heads % n_kv_heads: raise ValueError(f"benchmark_layer: n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
-    if type(steps) is not int or steps < 1: raise ValueError(f"benchmark_layer: steps={steps!r} must be a positive integer")
+    for name, x in (("steps", steps), ("layers", layers)):
+        if type(x) is not int or x < 1: raise ValueError(f"benchmark_layer: {name}={x!r} must be a positive integer")
     scale = head_dim ** -0.5
     dtype = dtype or (mx.float16 if backend() else mx.float32)
     runs = [(S, B, s) for S in seq_lens for B in batches for s in methods]
@@ -384,14 +389,20 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
     rows = []
     for S, B, spec in runs:
         mx.random.seed(0)
-        cache = _layer_cache(spec)
+        caches = [_layer_cache(spec) for _ in range(layers)]; cache = caches[0]
         for s0 in range(0, S, prefill_chunk):
             T = min(prefill_chunk, S - s0)
             k, v = (mx.random.normal((B, n_kv_heads, T, head_dim)).astype(dtype) for _ in range(2))
             q = mx.random.normal((B, n_heads, T, head_dim)).astype(dtype)
+            for c in caches[1:]: c.update_and_fetch(k, v)
             k, v = cache.update_and_fetch(k, v)
             out = base.scaled_dot_product_attention(q, k, v, cache=cache, scale=scale, mask="causal" if T > 1 else None) if prefill_attention else k
-            mx.eval(out, *_cache_arrays(cache))
+            mx.eval(out, *(a for c in caches for a in _cache_arrays(c)))
+        if layers > 1:
+            us = _layer_pipelined(caches, base, B, n_heads, n_kv_heads, head_dim, scale, dtype, steps)
+            rows.append(dict(method=spec, S=S, B=B, us=us, kv_bytes=cache.nbytes, backend=backend() or "cpu",
+                             dtype=str(dtype).replace("mlx.core.", ""), layers=layers))
+            del cache, caches; continue
         ts = []
         for i in range(steps + 3):
             k1, v1 = (mx.random.normal((B, n_kv_heads, 1, head_dim)).astype(dtype) for _ in range(2))
@@ -405,15 +416,37 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
         ts.sort()
         rows.append(dict(method=spec, S=S, B=B, us=1e6 * ts[len(ts) // 2], kv_bytes=cache.nbytes, backend=backend() or "cpu",
                          dtype=str(dtype).replace("mlx.core.", "")))
-        del cache
+        del cache, caches
     base_us = {(r["S"], r["B"]): r["us"] for r in rows if r["method"] == STOCK}
     for r in rows:
         if (r["S"], r["B"]) in base_us: r["ratio"] = base_us[(r["S"], r["B"])] / r["us"]
     return rows
 
+def _layer_pipelined(caches, base, B, n_heads, n_kv_heads, head_dim, scale, dtype, steps) -> float:
+    "µs per layer and step of `benchmark_layer(layers > 1)`: 3 warm-up steps, then the median of 3 runs of `steps` steps."
+    import time
+    k1, v1 = (mx.random.normal((B, n_kv_heads, 1, head_dim)).astype(dtype) for _ in range(2))
+    q1 = mx.random.normal((B, n_heads, 1, head_dim)).astype(dtype); mx.eval(k1, v1, q1)
+    def step():
+        outs = []
+        for c in caches:
+            k, v = c.update_and_fetch(k1, v1)
+            outs.append(base.scaled_dot_product_attention(q1, k, v, cache=c, scale=scale, mask=None))
+        mx.async_eval(*outs); return outs
+    for _ in range(3): mx.eval(*step())
+    mx.eval(*(a for c in caches for a in _cache_arrays(c)))
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(steps): outs = step()
+        mx.eval(*outs); mx.eval(*(a for c in caches for a in _cache_arrays(c)))
+        runs.append(time.perf_counter() - t0)
+    return 1e6 * sorted(runs)[1] / (steps * len(caches))
+
 def print_layer(rows: list[dict]) -> None:
     "The table of `benchmark_layer` records."
-    if rows: print(f"queries and K/V in {rows[0].get('dtype', '?')} on the {rows[0]['backend']} back-end; KV MB: 10^6 bytes the cache holds (stock: its buffer, headroom included)")
+    if rows: print(f"queries and K/V in {rows[0].get('dtype', '?')} on the {rows[0]['backend']} back-end; KV MB: 10^6 bytes the cache holds (stock: its buffer, headroom included)"
+                   + (f"; {rows[0]['layers']} layers queued per step (as a model), µs per layer" if rows[0].get("layers", 1) > 1 else "; each step evaluated on its own"))
     print("| S | B | method | µs per layer step | × stock speed | KV MB |"); print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['S']} | {r['B']} | {r['method']} | {r['us']:.0f} | {format(r['ratio'], '.2f') if 'ratio' in r else '–'} | {r['kv_bytes'] / 1e6:.1f} |")

@@ -299,6 +299,9 @@ def benchmark_main(argv):
     p.add_argument("--layer", action="store_true",
                    help="also one layer's decode step through the cache (update_and_fetch + mlx-lm's attention) vs stock KVCache, "
                         "at --seq-lens x --batches, head_dim 128, 32/8 heads, --methods")
+    p.add_argument("--layer-depth", type=int_list("layer_depth", 1, 256, single=True), default="1",
+                   help="--layer: layer caches queued per step, as a model's forward (1: each step evaluated on its own; "
+                        "e.g. 32: as a 32-layer model, µs per layer) (default: %(default)s)")
     p.add_argument("--skip-decode", action="store_true", help="skip the decode-attention table (e.g. only --generate)")
     p.add_argument("--contexts", type=int_list("contexts", 16, 1 << 20), default="8192,32768",
                    help="--generate: comma-separated prompt lengths (default: %(default)s)")
@@ -337,7 +340,7 @@ def benchmark_main(argv):
         res["tq_decode"] = benchmark_tq_decode()
         for r in res["append"] + res["sign_scores"] + res["tq_decode"]: print(r)
     if a.layer:
-        res["layer"] = benchmark_layer(methods, a.seq_lens, a.batches)
+        res["layer"] = benchmark_layer(methods, a.seq_lens, a.batches, layers=a.layer_depth[0])
         print_layer(res["layer"])
     if a.generate:
         res["generate"] = benchmark_generate(methods, a.contexts, a.gen_batches, decode_tokens=a.decode_tokens[0], rounds=a.rounds[0])
@@ -366,7 +369,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="veloxquant", description="KV-cache compression for mlx-lm")
     from importlib.metadata import version
     p.add_argument("--version", action="version", version=f"veloxquant {version('veloxquant')}")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{demo,generate,benchmark,serve,precompute,calibrate,eval}")
+    sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="fp16 vs a compressed cache on the default model and a real 2k-token prompt")
     d.add_argument("--method", default="affine:key_bits=4,value_bits=4", help="method spec 'id:opt=val,...'; methods: " + ", ".join(method_ids()))
     d.add_argument("--model", default=None, help="mlx_lm model path, hub id or gemma3-270m (Gemma Terms of Use) (default: embedded SmolLM2-135M-Instruct)")
@@ -397,6 +400,7 @@ def main(argv=None):
     e.add_argument("--out", default=None, help="write the records as JSON here, charts (HTML, PNG) next to it")
     e.add_argument("--no-charts", action="store_true", help="do not write charts")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sub.metavar = "{" + ",".join(sub.choices) + "}"  # named in usage and in the "required" error (else: 'cmd')
     a = p.parse_args(argv)
     if a.cmd == "demo":
         try:

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session-22 GPU calls (after staging MLX-CUDA: ../shared/tools/mlx-cuda-for-device.sh's parts; the last part's setup.sh first).
+#   bash scripts/gpu_s22.sh layer     # GPU parity (-m gpu: turboquant's kernels, the coded path's direct second step), then
+#                                     # one layer's decode step through the cache at 8k/32k x B 1/8, queued 32 layers deep
+#                                     # as a model's forward (--layer-depth 32), and evaluated step by step (--layer-depth 1)
+#   bash scripts/gpu_s22.sh targets   # `veloxquant benchmark --generate --rounds 3` (B = 1, 8k and 32k, 128 decoded tokens)
+#   bash scripts/gpu_s22.sh tq        # turboquant's per-lane codebook-pair tables vs one shared table (scripts/tq_table_ab.py)
+set -u
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu_s22_versions.txt
+python3 -c "import mlx.core as mx, importlib.metadata as m; print('mlx', mx.__version__, 'mlx-lm', m.version('mlx-lm'), mx.default_device())" | tee -a $OUT/gpu_s22_versions.txt
+case "$1" in
+  layer)
+     timeout ${TT:-120} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py tests/test_coded_decode.py -k "tq or second" 2>&1 | tail -n 6 | tee $OUT/gpu_tests_s22.txt
+     timeout ${TL:-240} python3 -m veloxquant.cli benchmark --skip-decode --layer --layer-depth 32 --seq-lens 8192,32768 --batches 1,8 \
+       --out $OUT/layer_depth32_s22.json 2>&1 | grep -v Warning | tail -n 15
+     timeout ${TL1:-120} python3 -m veloxquant.cli benchmark --skip-decode --layer --seq-lens 8192,32768 --batches 1,8 \
+       --out $OUT/layer_s22.json 2>&1 | grep -v Warning | tail -n 15 ;;
+  targets)
+     timeout ${TG:-400} python3 -m veloxquant.cli benchmark --skip-decode --generate --contexts 8192,32768 --gen-batches 1 \
+       --decode-tokens 128 --rounds ${ROUNDS:-3} --out $OUT/generate_b1_s22.json 2>&1 | grep -v Warning | tail -n 12 ;;
+  tq) timeout ${TA:-300} python3 scripts/tq_table_ab.py $OUT/tq_table_ab_s22.json --rounds ${ROUNDS:-2} --seq-lens ${SEQ:-8192,32768} --affine 2>&1 | grep -v Warning | cut -c1-200 ;;
+esac
