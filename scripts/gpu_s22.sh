@@ -4,6 +4,10 @@
 #                                     # one layer's decode step through the cache at 8k/32k x B 1/8, queued 32 layers deep
 #                                     # as a model's forward (--layer-depth 32), and evaluated step by step (--layer-depth 1)
 #   bash scripts/gpu_s22.sh targets   # `veloxquant benchmark --generate --rounds 3` (B = 1, 8k and 32k, 128 decoded tokens)
+#   bash scripts/gpu_s22.sh ncu       # GPU time per kernel (ncu gpu__time_duration.sum) of B = 1 decode steps at 32k after a
+#                                     # real prefill (2 layers of the Llama-3.1-8B shape; scripts/profile_b1.py), per spec
+#   bash scripts/gpu_s22.sh sweep     # the tensor-core kernels' threadgroup target at B = 1 through 32 queued layers
+#                                     # (scripts/sweep_split_depth.py, 32k then 8k), then ncu of affine's decode at 32k
 #   bash scripts/gpu_s22.sh tq        # turboquant's per-lane codebook-pair tables vs one shared table (scripts/tq_table_ab.py)
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -20,5 +24,14 @@ case "$1" in
   targets)
      timeout ${TG:-400} python3 -m veloxquant.cli benchmark --skip-decode --generate --contexts 8192,32768 --gen-batches 1 \
        --decode-tokens 128 --rounds ${ROUNDS:-3} --out $OUT/generate_b1_s22.json 2>&1 | grep -v Warning | tail -n 12 ;;
+  ncu) for s in "stock" "affine:key_bits=4,value_bits=4" "turboquant:key_bits=3,value_bits=3"; do
+       timeout ${TN:-140} /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --csv python3 scripts/profile_b1.py /tmp/x.json \
+         --contexts ${CTX:-32768} --specs "$s" --steps 3 --rounds 1 --layers 2 --prefill 2048 > "$OUT/ncu_${s%%:*}_s22.csv" 2>/dev/null
+       echo "$s rc $? $(wc -l < $OUT/ncu_${s%%:*}_s22.csv) lines"; done ;;
+  sweep) timeout ${TS:-200} python3 scripts/sweep_split_depth.py $OUT/sweep_split_depth_32k_s22.json --targets ${TARGETS:-264,528,1056,2112} 2>&1 | grep -v Warning | tail -n 9
+       timeout ${TS8:-100} python3 scripts/sweep_split_depth.py $OUT/sweep_split_depth_8k_s22.json --S 8192 --targets 264,1056 2>&1 | grep -v Warning | tail -n 5
+       s="affine:key_bits=4,value_bits=4"
+       timeout ${TN:-100} /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --csv python3 scripts/profile_b1.py /tmp/x.json \
+         --contexts 32768 --specs "$s" --steps 3 --rounds 1 --layers 2 --prefill 2048 > "$OUT/ncu_affine_s22.csv" 2>/dev/null; echo "ncu rc $?" ;;
   tq) timeout ${TA:-300} python3 scripts/tq_table_ab.py $OUT/tq_table_ab_s22.json --rounds ${ROUNDS:-2} --seq-lens ${SEQ:-8192,32768} --affine 2>&1 | grep -v Warning | cut -c1-200 ;;
 esac
