@@ -370,7 +370,8 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
     `layers` > 1 times the step as a model's forward queues it instead: `layers` caches (filled alike; the first
     through the attention as above, the rest by `update_and_fetch`) stepped in turn, each step's outputs queued with
     `mx.async_eval` as mlx-lm's `generate_step` does, one wait after `steps` steps; `us` = the median of 3 such runs
-    / (`steps` · `layers`): per layer and step, launch latency overlapped with the GPU's work as in a model.
+    / (`steps` · `layers`): per layer and step, launch latency overlapped with the GPU's work as in a model; `host_us`
+    the host's part of it (building and launching the steps' graphs, the same run): `us` ≈ `host_us` means host-bound.
     Raises `ValueError` for a bad method spec or shape."""
     import time
     import mlx_lm.models.base as base  # its scaled_dot_product_attention is the dispatcher once veloxquant caches exist
@@ -399,8 +400,8 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
             out = base.scaled_dot_product_attention(q, k, v, cache=cache, scale=scale, mask="causal" if T > 1 else None) if prefill_attention else k
             mx.eval(out, *(a for c in caches for a in _cache_arrays(c)))
         if layers > 1:
-            us = _layer_pipelined(caches, base, B, n_heads, n_kv_heads, head_dim, scale, dtype, steps)
-            rows.append(dict(method=spec, S=S, B=B, us=us, kv_bytes=cache.nbytes, backend=backend() or "cpu",
+            us, host_us = _layer_pipelined(caches, base, B, n_heads, n_kv_heads, head_dim, scale, dtype, steps)
+            rows.append(dict(method=spec, S=S, B=B, us=us, host_us=host_us, kv_bytes=cache.nbytes, backend=backend() or "cpu",
                              dtype=str(dtype).replace("mlx.core.", ""), layers=layers))
             del cache, caches; continue
         ts = []
@@ -422,8 +423,9 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
         if (r["S"], r["B"]) in base_us: r["ratio"] = base_us[(r["S"], r["B"])] / r["us"]
     return rows
 
-def _layer_pipelined(caches, base, B, n_heads, n_kv_heads, head_dim, scale, dtype, steps) -> float:
-    "µs per layer and step of `benchmark_layer(layers > 1)`: 3 warm-up steps, then the median of 3 runs of `steps` steps."
+def _layer_pipelined(caches, base, B, n_heads, n_kv_heads, head_dim, scale, dtype, steps) -> tuple[float, float]:
+    """(µs, host µs) per layer and step of `benchmark_layer(layers > 1)`: 3 warm-up steps, then the median of 3 runs of
+    `steps` steps; host µs: the time spent building and launching the steps (the final wait left out), same run."""
     import time
     k1, v1 = (mx.random.normal((B, n_kv_heads, 1, head_dim)).astype(dtype) for _ in range(2))
     q1 = mx.random.normal((B, n_heads, 1, head_dim)).astype(dtype); mx.eval(k1, v1, q1)
@@ -439,15 +441,20 @@ def _layer_pipelined(caches, base, B, n_heads, n_kv_heads, head_dim, scale, dtyp
     for _ in range(3):
         t0 = time.perf_counter()
         for _ in range(steps): outs = step()
+        th = time.perf_counter()
         mx.eval(*outs); mx.eval(*(a for c in caches for a in _cache_arrays(c)))
-        runs.append(time.perf_counter() - t0)
-    return 1e6 * sorted(runs)[1] / (steps * len(caches))
+        runs.append((time.perf_counter() - t0, th - t0))
+    total, host = sorted(runs)[1]
+    return 1e6 * total / (steps * len(caches)), 1e6 * host / (steps * len(caches))
 
 def print_layer(rows: list[dict]) -> None:
     "The table of `benchmark_layer` records."
     if rows: print(f"queries and K/V in {rows[0].get('dtype', '?')} on the {rows[0]['backend']} back-end; KV MB: 10^6 bytes the cache holds (stock: its buffer, headroom included)"
                    + (f"; {rows[0]['layers']} layers queued per step (as a model), µs per layer" if rows[0].get("layers", 1) > 1 else "; each step evaluated on its own"))
-    print("| S | B | method | µs per layer step | × stock speed | KV MB |"); print("|---|---|---|---|---|---|")
+    host = any("host_us" in r for r in rows)
+    print("| S | B | method | µs per layer step |" + (" host µs |" if host else "") + " × stock speed | KV MB |")
+    print("|---|---|---|---|" + ("---|" if host else "") + "---|---|")
     for r in rows:
-        print(f"| {r['S']} | {r['B']} | {r['method']} | {r['us']:.0f} | {format(r['ratio'], '.2f') if 'ratio' in r else '–'} | {r['kv_bytes'] / 1e6:.1f} |")
+        print(f"| {r['S']} | {r['B']} | {r['method']} | {r['us']:.0f} |" + (f" {r['host_us']:.0f} |" if host else "")
+              + f" {format(r['ratio'], '.2f') if 'ratio' in r else '–'} | {r['kv_bytes'] / 1e6:.1f} |")
 
