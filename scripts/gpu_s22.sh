@@ -7,7 +7,8 @@
 #   bash scripts/gpu_s22.sh ncu       # GPU time per kernel (ncu gpu__time_duration.sum) of B = 1 decode steps at 32k after a
 #                                     # real prefill (2 layers of the Llama-3.1-8B shape; scripts/profile_b1.py), per spec
 #   bash scripts/gpu_s22.sh sweep     # the tensor-core kernels' threadgroup target at B = 1 through 32 queued layers
-#                                     # (scripts/sweep_split_depth.py, 32k then 8k), then ncu of affine's decode at 32k
+#                                     # (scripts/sweep_split_depth.py, 32k; SWEEP8=1: 8k too), after the 32-deep layer table with
+#                                     # host time; then ncu of affine's decode at 32k
 #   bash scripts/gpu_s22.sh tq        # turboquant's per-lane codebook-pair tables vs one shared table (scripts/tq_table_ab.py)
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -28,8 +29,10 @@ case "$1" in
        timeout ${TN:-140} /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --csv python3 scripts/profile_b1.py /tmp/x.json \
          --contexts ${CTX:-32768} --specs "$s" --steps 3 --rounds 1 --layers 2 --prefill 2048 > "$OUT/ncu_${s%%:*}_s22.csv" 2>/dev/null
        echo "$s rc $? $(wc -l < $OUT/ncu_${s%%:*}_s22.csv) lines"; done ;;
-  sweep) timeout ${TS:-200} python3 scripts/sweep_split_depth.py $OUT/sweep_split_depth_32k_s22.json --targets ${TARGETS:-264,528,1056,2112} 2>&1 | grep -v Warning | tail -n 9
-       timeout ${TS8:-100} python3 scripts/sweep_split_depth.py $OUT/sweep_split_depth_8k_s22.json --S 8192 --targets 264,1056 2>&1 | grep -v Warning | tail -n 5
+  sweep) timeout ${TD:-90} python3 -m veloxquant.cli benchmark --skip-decode --layer --layer-depth 32 --seq-lens 8192,32768 --batches 1 \
+         --out $OUT/layer_depth32_b1_host_s22.json 2>&1 | grep -v Warning | tail -n 8
+       timeout ${TS:-200} python3 scripts/sweep_split_depth.py $OUT/sweep_split_depth_32k_s22.json --targets ${TARGETS:-264,528,1056,2112} 2>&1 | grep -v Warning | tail -n 9
+       [ -n "${SWEEP8:-}" ] && timeout ${TS8:-100} python3 scripts/sweep_split_depth.py $OUT/sweep_split_depth_8k_s22.json --S 8192 --targets 264,1056 2>&1 | grep -v Warning | tail -n 5
        s="affine:key_bits=4,value_bits=4"
        timeout ${TN:-100} /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --csv python3 scripts/profile_b1.py /tmp/x.json \
          --contexts 32768 --specs "$s" --steps 3 --rounds 1 --layers 2 --prefill 2048 > "$OUT/ncu_affine_s22.csv" 2>/dev/null; echo "ncu rc $?" ;;
