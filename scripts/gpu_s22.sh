@@ -9,6 +9,7 @@
 #   bash scripts/gpu_s22.sh sweep     # the tensor-core kernels' threadgroup target at B = 1 through 32 queued layers
 #                                     # (scripts/sweep_split_depth.py, 32k; SWEEP8=1: 8k too), after the 32-deep layer table with
 #                                     # host time; then ncu of affine's decode at 32k
+#   bash scripts/gpu_s22.sh rounds    # the 32-deep B = 1 layer table, the methods interleaved over 5 rounds (--rounds 5)
 #   bash scripts/gpu_s22.sh tq        # turboquant's per-lane codebook-pair tables vs one shared table (scripts/tq_table_ab.py)
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -36,5 +37,7 @@ case "$1" in
        s="affine:key_bits=4,value_bits=4"
        timeout ${TN:-100} /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --csv python3 scripts/profile_b1.py /tmp/x.json \
          --contexts 32768 --specs "$s" --steps 3 --rounds 1 --layers 2 --prefill 2048 > "$OUT/ncu_affine_s22.csv" 2>/dev/null; echo "ncu rc $?" ;;
+  rounds) timeout ${TR:-240} python3 -m veloxquant.cli benchmark --skip-decode --layer --layer-depth 32 --seq-lens 8192,32768 --batches 1 \
+         --rounds ${ROUNDS:-5} --out $OUT/layer_depth32_rounds_s22.json 2>&1 | grep -v Warning | tail -n 9 ;;
   tq) timeout ${TA:-300} python3 scripts/tq_table_ab.py $OUT/tq_table_ab_s22.json --rounds ${ROUNDS:-2} --seq-lens ${SEQ:-8192,32768} --affine 2>&1 | grep -v Warning | cut -c1-200 ;;
 esac

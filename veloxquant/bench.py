@@ -360,7 +360,7 @@ def _cache_arrays(cache) -> list:
 def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3"),
                     seq_lens=(4096, 32768), batches=(1, 8), n_heads: int = 32, n_kv_heads: int = 8, head_dim: int = 128,
                     steps: int = 12, prefill_chunk: int = 2048, dtype=None, progress: bool = True,
-                    prefill_attention: bool = True, layers: int = 1) -> list[dict]:
+                    prefill_attention: bool = True, layers: int = 1, rounds: int = 1) -> list[dict]:
     """One layer's decode step as a model runs it: `cache.update_and_fetch` of the step's key/value, then mlx-lm's
     `scaled_dot_product_attention` (the dispatcher for veloxquant caches), evaluated with the cache's arrays, after a
     prefill of `S` random tokens in `prefill_chunk`-token chunks through the same calls. Median µs of `steps` steps
@@ -371,69 +371,101 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
     through the attention as above, the rest by `update_and_fetch`) stepped in turn, each step's outputs queued with
     `mx.async_eval` as mlx-lm's `generate_step` does, one wait after `steps` steps; `us` = the median of 3 such runs
     / (`steps` · `layers`): per layer and step, launch latency overlapped with the GPU's work as in a model; `host_us`
-    the host's part of it (building and launching the steps' graphs, the same run): `us` ≈ `host_us` means host-bound.
-    Raises `ValueError` for a bad method spec or shape."""
-    import time
+    the host's part of it (building and launching the steps' graphs, plus any wait inside `mx.async_eval`).
+    `rounds` > 1: at each (S, B) every method's caches are filled once and kept (all at the same time: more memory),
+    then timed `rounds` times, the methods in turn (the first one rotating each round), so that a shared machine's
+    load bursts hit all of them alike; `us` (and `host_us`) are medians over the rounds, `us_runs` every round's,
+    `ratio` the median of the per-round ratios to stock and `ratio_runs` those ratios.
+    Raises `ValueError` for a bad method spec, shape or count."""
     import mlx_lm.models.base as base  # its scaled_dot_product_attention is the dispatcher once veloxquant caches exist
     for s in methods:
         if s != STOCK: parse_method(s)
     for name, xs in (("seq_lens", seq_lens), ("batches", batches)):
         if not xs or any(type(x) is not int or x < 1 for x in xs): raise ValueError(f"benchmark_layer: {name}={xs!r} must be positive integers")
     if n_heads % n_kv_heads: raise ValueError(f"benchmark_layer: n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
-    for name, x in (("steps", steps), ("layers", layers)):
+    for name, x in (("steps", steps), ("layers", layers), ("rounds", rounds)):
         if type(x) is not int or x < 1: raise ValueError(f"benchmark_layer: {name}={x!r} must be a positive integer")
+    if not methods: raise ValueError("benchmark_layer: methods=() names no method")
     scale = head_dim ** -0.5
     dtype = dtype or (mx.float16 if backend() else mx.float32)
-    runs = [(S, B, s) for S in seq_lens for B in batches for s in methods]
+    specs, n = list(methods), len(methods)
+    runs = [(S, B, r, specs[(j + r) % n]) for S in seq_lens for B in batches for r in range(rounds) for j in range(n)]
     if progress:
         from tqdm.auto import tqdm; runs = tqdm(runs, desc="layer step")
-    rows = []
-    for S, B, spec in runs:
-        mx.random.seed(0)
-        caches = [_layer_cache(spec) for _ in range(layers)]; cache = caches[0]
-        for s0 in range(0, S, prefill_chunk):
-            T = min(prefill_chunk, S - s0)
-            k, v = (mx.random.normal((B, n_kv_heads, T, head_dim)).astype(dtype) for _ in range(2))
-            q = mx.random.normal((B, n_heads, T, head_dim)).astype(dtype)
-            for c in caches[1:]: c.update_and_fetch(k, v)
-            k, v = cache.update_and_fetch(k, v)
-            out = base.scaled_dot_product_attention(q, k, v, cache=cache, scale=scale, mask="causal" if T > 1 else None) if prefill_attention else k
-            mx.eval(out, *(a for c in caches for a in _cache_arrays(c)))
-        if layers > 1:
-            us, host_us = _layer_pipelined(caches, base, B, n_heads, n_kv_heads, head_dim, scale, dtype, steps)
-            rows.append(dict(method=spec, S=S, B=B, us=us, host_us=host_us, kv_bytes=cache.nbytes, backend=backend() or "cpu",
-                             dtype=str(dtype).replace("mlx.core.", ""), layers=layers))
-            del cache, caches; continue
-        ts = []
-        for i in range(steps + 3):
-            k1, v1 = (mx.random.normal((B, n_kv_heads, 1, head_dim)).astype(dtype) for _ in range(2))
-            q1 = mx.random.normal((B, n_heads, 1, head_dim)).astype(dtype)
-            mx.eval(k1, v1, q1)
-            t0 = time.perf_counter()
-            k, v = cache.update_and_fetch(k1, v1)
-            out = base.scaled_dot_product_attention(q1, k, v, cache=cache, scale=scale, mask=None)
-            mx.eval(out, *_cache_arrays(cache))
-            if i >= 3: ts.append(time.perf_counter() - t0)
-        ts.sort()
-        rows.append(dict(method=spec, S=S, B=B, us=1e6 * ts[len(ts) // 2], kv_bytes=cache.nbytes, backend=backend() or "cpu",
-                         dtype=str(dtype).replace("mlx.core.", "")))
-        del cache, caches
-    base_us = {(r["S"], r["B"]): r["us"] for r in rows if r["method"] == STOCK}
+    shape = dict(B=None, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, scale=scale, dtype=dtype)
+    times, made, rows = {}, {}, []
+    for S, B, r, spec in runs:
+        shape["B"] = B
+        if (S, B) not in made: made = {(S, B): {}}  # the previous shape's caches go
+        caches = made[S, B].get(spec) or _layer_fill(spec, S, layers, prefill_chunk, prefill_attention, base, shape)
+        if rounds > 1: made[S, B][spec] = caches
+        t = _layer_pipelined(caches, base, steps, shape) if layers > 1 else (_layer_stepwise(caches[0], base, steps, shape), None)
+        times.setdefault((S, B, spec), []).append(t)
+        if r == rounds - 1:
+            us = sorted(x[0] for x in times[S, B, spec])
+            row = dict(method=spec, S=S, B=B, us=us[len(us) // 2], kv_bytes=caches[0].nbytes, backend=backend() or "cpu",
+                       dtype=str(dtype).replace("mlx.core.", ""))
+            if layers > 1:
+                h = sorted(x[1] for x in times[S, B, spec]); row.update(host_us=h[len(h) // 2], layers=layers)
+            if rounds > 1: row["us_runs"] = [x[0] for x in times[S, B, spec]]
+            rows.append(row)
+        del caches
+    made.clear()
+    order = {(S, B, s): i for i, (S, B, s) in enumerate((S, B, s) for S in seq_lens for B in batches for s in specs)}
+    rows.sort(key=lambda r: order[r["S"], r["B"], r["method"]])
+    base_rows = {(r["S"], r["B"]): r for r in rows if r["method"] == STOCK}
     for r in rows:
-        if (r["S"], r["B"]) in base_us: r["ratio"] = base_us[(r["S"], r["B"])] / r["us"]
+        b = base_rows.get((r["S"], r["B"]))
+        if b is None: continue
+        if rounds > 1:
+            rr = sorted(x / y for x, y in zip(b["us_runs"], r["us_runs"]))
+            r["ratio_runs"] = [x / y for x, y in zip(b["us_runs"], r["us_runs"])]; r["ratio"] = rr[len(rr) // 2]
+        else: r["ratio"] = b["us"] / r["us"]
     return rows
 
-def _layer_pipelined(caches, base, B, n_heads, n_kv_heads, head_dim, scale, dtype, steps) -> tuple[float, float]:
+def _layer_fill(spec, S, layers, prefill_chunk, prefill_attention, base, sh) -> list:
+    "`layers` caches of `spec` holding `S` random tokens (`benchmark_layer`'s prefill; the same seed for every spec)."
+    mx.random.seed(0)
+    B, Hq, Hkv, D, dtype = sh["B"], sh["n_heads"], sh["n_kv_heads"], sh["head_dim"], sh["dtype"]
+    caches = [_layer_cache(spec) for _ in range(layers)]; cache = caches[0]
+    for s0 in range(0, S, prefill_chunk):
+        T = min(prefill_chunk, S - s0)
+        k, v = (mx.random.normal((B, Hkv, T, D)).astype(dtype) for _ in range(2))
+        q = mx.random.normal((B, Hq, T, D)).astype(dtype)
+        for c in caches[1:]: c.update_and_fetch(k, v)
+        k, v = cache.update_and_fetch(k, v)
+        out = base.scaled_dot_product_attention(q, k, v, cache=cache, scale=sh["scale"], mask="causal" if T > 1 else None) if prefill_attention else k
+        mx.eval(out, *(a for c in caches for a in _cache_arrays(c)))
+    return caches
+
+def _layer_stepwise(cache, base, steps, sh) -> float:
+    "µs of one layer step evaluated on its own (`benchmark_layer(layers=1)`): the median of `steps` after 3 untimed."
+    import time
+    B, Hq, Hkv, D, dtype = sh["B"], sh["n_heads"], sh["n_kv_heads"], sh["head_dim"], sh["dtype"]
+    ts = []
+    for i in range(steps + 3):
+        k1, v1 = (mx.random.normal((B, Hkv, 1, D)).astype(dtype) for _ in range(2))
+        q1 = mx.random.normal((B, Hq, 1, D)).astype(dtype)
+        mx.eval(k1, v1, q1)
+        t0 = time.perf_counter()
+        k, v = cache.update_and_fetch(k1, v1)
+        out = base.scaled_dot_product_attention(q1, k, v, cache=cache, scale=sh["scale"], mask=None)
+        mx.eval(out, *_cache_arrays(cache))
+        if i >= 3: ts.append(time.perf_counter() - t0)
+    ts.sort(); return 1e6 * ts[len(ts) // 2]
+
+def _layer_pipelined(caches, base, steps, sh) -> tuple[float, float]:
     """(µs, host µs) per layer and step of `benchmark_layer(layers > 1)`: 3 warm-up steps, then the median of 3 runs of
     `steps` steps; host µs: the time spent building and launching the steps (the final wait left out), same run."""
     import time
-    k1, v1 = (mx.random.normal((B, n_kv_heads, 1, head_dim)).astype(dtype) for _ in range(2))
-    q1 = mx.random.normal((B, n_heads, 1, head_dim)).astype(dtype); mx.eval(k1, v1, q1)
+    B, Hq, Hkv, D, dtype = sh["B"], sh["n_heads"], sh["n_kv_heads"], sh["head_dim"], sh["dtype"]
+    k1, v1 = (mx.random.normal((B, Hkv, 1, D)).astype(dtype) for _ in range(2))
+    q1 = mx.random.normal((B, Hq, 1, D)).astype(dtype); mx.eval(k1, v1, q1)
     def step():
         outs = []
         for c in caches:
             k, v = c.update_and_fetch(k1, v1)
-            outs.append(base.scaled_dot_product_attention(q1, k, v, cache=c, scale=scale, mask=None))
+            outs.append(base.scaled_dot_product_attention(q1, k, v, cache=c, scale=sh["scale"], mask=None))
         mx.async_eval(*outs); return outs
     for _ in range(3): mx.eval(*step())
     mx.eval(*(a for c in caches for a in _cache_arrays(c)))
@@ -454,7 +486,11 @@ def print_layer(rows: list[dict]) -> None:
     host = any("host_us" in r for r in rows)
     print("| S | B | method | µs per layer step |" + (" host µs |" if host else "") + " × stock speed | KV MB |")
     print("|---|---|---|---|" + ("---|" if host else "") + "---|---|")
+    n = sorted({len(r["us_runs"]) for r in rows if "us_runs" in r})
+    if n: print(f"(medians of {'/'.join(map(str, n))} rounds; × stock: median and range of the per-round ratios)")
     for r in rows:
+        ratio = format(r['ratio'], '.2f') if 'ratio' in r else '–'
+        if len(r.get("ratio_runs", ())) > 1 and r["method"] != STOCK: ratio += f" ({min(r['ratio_runs']):.2f}–{max(r['ratio_runs']):.2f})"
         print(f"| {r['S']} | {r['B']} | {r['method']} | {r['us']:.0f} |" + (f" {r['host_us']:.0f} |" if host else "")
-              + f" {format(r['ratio'], '.2f') if 'ratio' in r else '–'} | {r['kv_bytes'] / 1e6:.1f} |")
+              + f" {ratio} | {r['kv_bytes'] / 1e6:.1f} |")
 

@@ -312,7 +312,8 @@ def benchmark_main(argv):
     p.add_argument("--decode-tokens", type=int_list("decode_tokens", 2, 100000, single=True), default="64",
                    help="--generate: timed decode steps (default: %(default)s)")
     p.add_argument("--rounds", type=int_list("rounds", 1, 100, single=True), default="1",
-                   help="--generate: run the whole sweep this many times (1 to 100), the specs in turn, and report medians (default: %(default)s)")
+                   help="--generate and --layer: run the whole sweep this many times (1 to 100), the specs in turn, and report medians "
+                        "and the range of the per-round ratios (default: %(default)s)")
     p.add_argument("--out", default=None, help="write the records as JSON here")
     a = p.parse_args(argv)
     if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
@@ -340,7 +341,7 @@ def benchmark_main(argv):
         res["tq_decode"] = benchmark_tq_decode()
         for r in res["append"] + res["sign_scores"] + res["tq_decode"]: print(r)
     if a.layer:
-        res["layer"] = benchmark_layer(methods, a.seq_lens, a.batches, layers=a.layer_depth[0])
+        res["layer"] = benchmark_layer(methods, a.seq_lens, a.batches, layers=a.layer_depth[0], rounds=a.rounds[0])
         print_layer(res["layer"])
     if a.generate:
         res["generate"] = benchmark_generate(methods, a.contexts, a.gen_batches, decode_tokens=a.decode_tokens[0], rounds=a.rounds[0])
