@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Session-22 GPU calls (after staging MLX-CUDA: ../shared/tools/mlx-cuda-for-device.sh's parts; the last part's setup.sh first).
 #   bash scripts/gpu_s22.sh layer     # GPU parity (-m gpu: turboquant's kernels, the coded path's direct second step), then
-#                                     # one layer's decode step through the cache at 8k/32k x B 1/8, queued 32 layers deep
-#                                     # as a model's forward (--layer-depth 32), and evaluated step by step (--layer-depth 1)
+#                                     # one layer's decode step through the cache at 8k/32k, queued as a model's forward
+#                                     # (B = 1: 32 layers deep; B = 8: 8 deep, since 32 stock caches of 1.08 GB do not fit an H100),
+#                                     # and evaluated step by step (--layer-depth 1). (In session 22 the parity ran apart: -k second.)
 #   bash scripts/gpu_s22.sh targets   # `veloxquant benchmark --generate --rounds 3` (B = 1, 8k and 32k, 128 decoded tokens)
 #   bash scripts/gpu_s22.sh ncu       # GPU time per kernel (ncu gpu__time_duration.sum) of B = 1 decode steps at 32k after a
 #                                     # real prefill (2 layers of the Llama-3.1-8B shape; scripts/profile_b1.py), per spec
@@ -12,6 +13,7 @@
 #   bash scripts/gpu_s22.sh rounds    # the 32-deep B = 1 layer table, the methods interleaved over 5 rounds (--rounds 5)
 #   bash scripts/gpu_s22.sh tq        # turboquant's per-lane codebook-pair tables vs one shared table (scripts/tq_table_ab.py)
 set -u
+case "${1:-}" in layer|targets|ncu|sweep|rounds|tq) ;; *) echo "usage: bash scripts/gpu_s22.sh layer|targets|ncu|sweep|rounds|tq (see the comments at the top)"; exit 2 ;; esac
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu_s22_versions.txt
@@ -19,8 +21,10 @@ python3 -c "import mlx.core as mx, importlib.metadata as m; print('mlx', mx.__ve
 case "$1" in
   layer)
      timeout ${TT:-120} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py tests/test_coded_decode.py -k "tq or second" 2>&1 | tail -n 6 | tee $OUT/gpu_tests_s22.txt
-     timeout ${TL:-240} python3 -m veloxquant.cli benchmark --skip-decode --layer --layer-depth 32 --seq-lens 8192,32768 --batches 1,8 \
-       --out $OUT/layer_depth32_s22.json 2>&1 | grep -v Warning | tail -n 15
+     timeout ${TL:-240} python3 -m veloxquant.cli benchmark --skip-decode --layer --layer-depth 32 --seq-lens 8192,32768 --batches 1 \
+       --out $OUT/layer_depth32_b1_s22.json 2>&1 | grep -v Warning | tail -n 9
+     timeout ${TL8:-200} python3 -m veloxquant.cli benchmark --skip-decode --layer --layer-depth 8 --seq-lens 8192,32768 --batches 8 \
+       --out $OUT/layer_depth8_b8_s22.json 2>&1 | grep -v Warning | tail -n 9
      timeout ${TL1:-120} python3 -m veloxquant.cli benchmark --skip-decode --layer --seq-lens 8192,32768 --batches 1,8 \
        --out $OUT/layer_s22.json 2>&1 | grep -v Warning | tail -n 15 ;;
   targets)

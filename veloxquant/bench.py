@@ -368,24 +368,28 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
     `ratio` = stock µs / method µs (> 1: faster than stock). `prefill_attention` False fills the caches by
     `update_and_fetch` alone (the same cache state for the methods timed here; a shorter run). Shapes: queries [B, n_heads, 1, head_dim] in `dtype` (None: float16 on a GPU, float32 on the CPU, as the models run).
     `layers` > 1 times the step as a model's forward queues it instead: `layers` caches (filled alike; the first
-    through the attention as above, the rest by `update_and_fetch`) stepped in turn, each step's outputs queued with
-    `mx.async_eval` as mlx-lm's `generate_step` does, one wait after `steps` steps; `us` = the median of 3 such runs
-    / (`steps` · `layers`): per layer and step, launch latency overlapped with the GPU's work as in a model; `host_us`
-    the host's part of it (building and launching the steps' graphs, plus any wait inside `mx.async_eval`).
+    through the attention as above, the rest by `update_and_fetch`) stepped in turn, each token's outputs queued with
+    `mx.async_eval` and the previous token's then waited for, as mlx-lm's `generate_step` does (at most two tokens in
+    flight); `us` = the median of 3 runs of `steps` tokens / (`steps` · `layers`): per layer and step, launch latency
+    overlapped with the GPU's work as in a model; `host_us` the time outside those waits (building and launching the
+    graphs, plus any wait MLX itself makes inside `mx.async_eval`): it cannot tell a host-bound step from a GPU-bound one.
     `rounds` > 1: at each (S, B) every method's caches are filled once and kept (all at the same time: more memory),
     then timed `rounds` times, the methods in turn (the first one rotating each round), so that a shared machine's
     load bursts hit all of them alike; `us` (and `host_us`) are medians over the rounds, `us_runs` every round's,
     `ratio` the median of the per-round ratios to stock and `ratio_runs` those ratios.
     Raises `ValueError` for a bad method spec, shape or count."""
     import mlx_lm.models.base as base  # its scaled_dot_product_attention is the dispatcher once veloxquant caches exist
-    for s in methods:
-        if s != STOCK: parse_method(s)
     for name, xs in (("seq_lens", seq_lens), ("batches", batches)):
         if not xs or any(type(x) is not int or x < 1 for x in xs): raise ValueError(f"benchmark_layer: {name}={xs!r} must be positive integers")
+    for name, x in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim), ("prefill_chunk", prefill_chunk)):
+        if type(x) is not int or x < 1: raise ValueError(f"benchmark_layer: {name}={x!r} must be a positive integer")
+    if isinstance(methods, str): raise ValueError(f"benchmark_layer: methods={methods!r} must be a list of method specs, e.g. [{methods!r}]")
     if n_heads % n_kv_heads: raise ValueError(f"benchmark_layer: n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
     for name, x in (("steps", steps), ("layers", layers), ("rounds", rounds)):
         if type(x) is not int or x < 1: raise ValueError(f"benchmark_layer: {name}={x!r} must be a positive integer")
     if not methods: raise ValueError("benchmark_layer: methods=() names no method")
+    for s in methods:
+        if s != STOCK: parse_method(s)
     scale = head_dim ** -0.5
     dtype = dtype or (mx.float16 if backend() else mx.float32)
     specs, n = list(methods), len(methods)
@@ -456,7 +460,8 @@ def _layer_stepwise(cache, base, steps, sh) -> float:
 
 def _layer_pipelined(caches, base, steps, sh) -> tuple[float, float]:
     """(µs, host µs) per layer and step of `benchmark_layer(layers > 1)`: 3 warm-up steps, then the median of 3 runs of
-    `steps` steps; host µs: the time spent building and launching the steps (the final wait left out), same run."""
+    `steps` steps, each token queued (`mx.async_eval`) before the previous one is waited for, as `generate_step` does;
+    host µs: the run's time outside those waits, same run."""
     import time
     B, Hq, Hkv, D, dtype = sh["B"], sh["n_heads"], sh["n_kv_heads"], sh["head_dim"], sh["dtype"]
     k1, v1 = (mx.random.normal((B, Hkv, 1, D)).astype(dtype) for _ in range(2))
@@ -471,18 +476,23 @@ def _layer_pipelined(caches, base, steps, sh) -> tuple[float, float]:
     mx.eval(*(a for c in caches for a in _cache_arrays(c)))
     runs = []
     for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(steps): outs = step()
-        th = time.perf_counter()
-        mx.eval(*outs); mx.eval(*(a for c in caches for a in _cache_arrays(c)))
-        runs.append((time.perf_counter() - t0, th - t0))
+        t0, waited, prev = time.perf_counter(), 0.0, None
+        for _ in range(steps):
+            outs = step()
+            if prev is not None:
+                tw = time.perf_counter(); mx.eval(*prev); waited += time.perf_counter() - tw
+            prev = outs
+        tw = time.perf_counter()
+        mx.eval(*prev); mx.eval(*(a for c in caches for a in _cache_arrays(c)))
+        t1 = time.perf_counter(); waited += t1 - tw
+        runs.append((t1 - t0, t1 - t0 - waited))
     total, host = sorted(runs)[1]
     return 1e6 * total / (steps * len(caches)), 1e6 * host / (steps * len(caches))
 
 def print_layer(rows: list[dict]) -> None:
     "The table of `benchmark_layer` records."
     if rows: print(f"queries and K/V in {rows[0].get('dtype', '?')} on the {rows[0]['backend']} back-end; KV MB: 10^6 bytes the cache holds (stock: its buffer, headroom included)"
-                   + (f"; {rows[0]['layers']} layers queued per step (as a model), µs per layer" if rows[0].get("layers", 1) > 1 else "; each step evaluated on its own"))
+                   + (f"; {rows[0]['layers']} layers queued per step (as a model), µs and KV MB per layer" if rows[0].get("layers", 1) > 1 else "; each step evaluated on its own"))
     host = any("host_us" in r for r in rows)
     print("| S | B | method | µs per layer step |" + (" host µs |" if host else "") + " × stock speed | KV MB |")
     print("|---|---|---|---|" + ("---|" if host else "") + "---|---|")
