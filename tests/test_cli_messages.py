@@ -39,3 +39,17 @@ def test_eval_errors_name_the_flag(capsys):
         main(["eval", "--methods", "fp16", "--tasks", "kl", "--context", "256", "--scored", "250", "--no-charts", "--no-progress"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--scored=250" in err and "n_scored" not in err
+
+
+def test_benchmark_layer_depth_messages(capsys):
+    with pytest.raises(SystemExit) as e: main(["benchmark", "--layer-depth", "1.5"])
+    assert e.value.code == 2 and "expected an integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e: main(["benchmark", "--skip-decode", "--layer-depth", "4"])  # nothing to run, said first
+    out = capsys.readouterr()
+    assert e.value.code == 2 and "applies to --layer only" in out.out and "nothing to run" in out.err
+
+
+def test_usage_lists_every_subcommand(capsys):
+    with pytest.raises(SystemExit) as e: main([])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "{demo,generate,benchmark,serve,precompute,calibrate,eval}" in err

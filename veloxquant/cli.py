@@ -269,7 +269,7 @@ def int_list(name: str, lo: int, hi: int, choices=None, single: bool = False):
     argparse turns the `ArgumentTypeError` into a clean usage error (exit 2)."""
     def parse(s: str) -> list[int]:
         try: xs = [int(x) for x in s.split(",") if x.strip()]
-        except ValueError: raise argparse.ArgumentTypeError(f"{name}={s!r}: expected comma-separated integers")
+        except ValueError: raise argparse.ArgumentTypeError(f"{name}={s!r}: expected " + ("an integer" if single else "comma-separated integers"))
         if not xs: raise argparse.ArgumentTypeError(f"{name}={s!r}: no integers given")
         if any(not lo <= x <= hi for x in xs):
             raise argparse.ArgumentTypeError(f"{name}={s!r} is out of range; allowed: integers in [{lo}, {hi}]")
@@ -328,6 +328,8 @@ def benchmark_main(argv):
     from veloxquant.gpu import backend
     if backend() is None and a.append:
         print("no GPU back-end: --append needs one and is skipped (the decode table runs the reference variants only)")
+    if a.layer_depth != [1] and not a.layer:
+        print(f"--layer-depth {a.layer_depth[0]} applies to --layer only, which is not given: ignored")
     if a.skip_decode and not (a.append or a.layer or a.generate):
         p.error("nothing to run: --skip-decode leaves no table; add --layer, --generate or --append")
     res = {}
