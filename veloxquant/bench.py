@@ -378,6 +378,7 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
     load bursts hit all of them alike; `us` (and `host_us`) are medians over the rounds, `us_runs` every round's,
     `ratio` the median of the per-round ratios to stock and `ratio_runs` those ratios.
     Raises `ValueError` for a bad method spec, shape or count."""
+    from statistics import median
     import mlx_lm.models.base as base  # its scaled_dot_product_attention is the dispatcher once veloxquant caches exist
     for name, xs in (("seq_lens", seq_lens), ("batches", batches)):
         if not xs or any(type(x) is not int or x < 1 for x in xs): raise ValueError(f"benchmark_layer: {name}={xs!r} must be positive integers")
@@ -406,11 +407,10 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
         t = _layer_pipelined(caches, base, steps, shape) if layers > 1 else (_layer_stepwise(caches[0], base, steps, shape), None)
         times.setdefault((S, B, spec), []).append(t)
         if r == rounds - 1:
-            us = sorted(x[0] for x in times[S, B, spec])
-            row = dict(method=spec, S=S, B=B, us=us[len(us) // 2], kv_bytes=caches[0].nbytes, backend=backend() or "cpu",
+            row = dict(method=spec, S=S, B=B, us=median(x[0] for x in times[S, B, spec]), kv_bytes=caches[0].nbytes, backend=backend() or "cpu",
                        dtype=str(dtype).replace("mlx.core.", ""))
             if layers > 1:
-                h = sorted(x[1] for x in times[S, B, spec]); row.update(host_us=h[len(h) // 2], layers=layers)
+                row.update(host_us=median(x[1] for x in times[S, B, spec]), layers=layers)
             if rounds > 1: row["us_runs"] = [x[0] for x in times[S, B, spec]]
             rows.append(row)
         del caches
@@ -422,8 +422,7 @@ def benchmark_layer(methods=(STOCK, "affine:key_bits=4,value_bits=4", "turboquan
         b = base_rows.get((r["S"], r["B"]))
         if b is None: continue
         if rounds > 1:
-            rr = sorted(x / y for x, y in zip(b["us_runs"], r["us_runs"]))
-            r["ratio_runs"] = [x / y for x, y in zip(b["us_runs"], r["us_runs"])]; r["ratio"] = rr[len(rr) // 2]
+            r["ratio_runs"] = [x / y for x, y in zip(b["us_runs"], r["us_runs"])]; r["ratio"] = median(r["ratio_runs"])
         else: r["ratio"] = b["us"] / r["us"]
     return rows
 
