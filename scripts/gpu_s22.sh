@@ -14,10 +14,7 @@
 #   bash scripts/gpu_s22.sh tq        # turboquant's per-lane codebook-pair tables vs one shared table (scripts/tq_table_ab.py)
 set -u
 case "${1:-}" in layer|targets|ncu|sweep|rounds|tq) ;; *) echo "usage: bash scripts/gpu_s22.sh layer|targets|ncu|sweep|rounds|tq (see the comments at the top)"; exit 2 ;; esac
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu_s22_versions.txt
-python3 -c "import mlx.core as mx, importlib.metadata as m; print('mlx', mx.__version__, 'mlx-lm', m.version('mlx-lm'), mx.default_device())" | tee -a $OUT/gpu_s22_versions.txt
+TAG=s22 . scripts/gpu_common.sh
 case "$1" in
   layer)
      timeout ${TT:-120} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py tests/test_coded_decode.py -k "tq or second" 2>&1 | tail -n 6 | tee $OUT/gpu_tests_s22.txt
