@@ -40,14 +40,20 @@ def fill(caches, ctx):
         if hasattr(c, "_flush"): c._flush()
         mx.eval(c.state)
 
+SPLIT = {}
 def pipelined(caches, steps):
-    y = mx.array([[1]])
+    """Seconds per token of `steps` + 1 tokens queued as `generate_step` does; SPLIT['host'] / SPLIT['wait']: the seconds per
+    token spent building and enqueueing the next token's graph (model call + `mx.async_eval`) and waiting for the previous
+    token (`.item()`). Host-bound: wait ≈ 0; GPU-bound: host < wait."""
+    y = mx.array([[1]]); th = tw = 0.0
     t0 = time.perf_counter()
     tok = mx.argmax(model(y, cache=caches)[:, -1], axis=-1); mx.async_eval(tok)
     for _ in range(steps):
+        t1 = time.perf_counter()
         nxt = mx.argmax(model(tok[None], cache=caches)[:, -1], axis=-1); mx.async_eval(nxt)
-        tok.item(); tok = nxt
+        t2 = time.perf_counter(); tok.item(); tw += time.perf_counter() - t2; th += t2 - t1; tok = nxt
     tok.item()
+    SPLIT.update(host=th / steps, wait=tw / steps)
     return (time.perf_counter() - t0) / (steps + 1)
 
 PATHS = {}
@@ -76,7 +82,7 @@ for ctx in [int(x) for x in a.contexts.split(",")]:
     for r in range(a.rounds):  # interleaved rounds: the ratios side by side
         for spec, caches in made.items():
             s = pipelined(caches, a.steps)
-            res["rows"].append(dict(ctx=ctx, spec=spec, round=r, ms=s * 1e3, tok_s=1 / s))
+            res["rows"].append(dict(ctx=ctx, spec=spec, round=r, ms=s * 1e3, tok_s=1 / s, host_ms=SPLIT["host"] * 1e3, wait_ms=SPLIT["wait"] * 1e3))
             print(json.dumps(res["rows"][-1]), flush=True)
     del made
 json.dump(res, open(a.out, "w"), indent=1)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session-23 GPU calls (after staging MLX-CUDA: ../shared/tools/mlx-cuda-for-device.sh's parts; the last part's setup.sh first).
+#   bash scripts/gpu_s23.sh targets   # GPU parity of turboquant's kernels (-m gpu -k tq), then the end-to-end targets:
+#                                     # `veloxquant benchmark --generate --rounds 3` (B = 1, 8k and 32k, 128 decoded tokens)
+#   bash scripts/gpu_s23.sh layer     # one layer's decode step through the cache, queued as a model's forward and waiting for
+#                                     # each token's predecessor as generate_step does: B = 1 32 layers deep and B = 8 8 deep,
+#                                     # the methods interleaved over rounds; then the kernels alone (fp16 SDPA beside them)
+#   bash scripts/gpu_s23.sh split     # B = 1 decode of the 32-layer model queued as generate_step does, 8k and 32k: per token the
+#                                     # host time (graph + enqueue) and the wait for the previous token (scripts/profile_b1.py)
+#   bash scripts/gpu_s23.sh nsys      # nsys profile of B = 1 decode steps at 32k (scripts/profile_b1.py), if nsys is installed
+set -u
+case "${1:-}" in targets|layer|split|nsys) ;; *) echo "usage: bash scripts/gpu_s23.sh targets|layer|split|nsys (see the comments at the top)"; exit 2 ;; esac
+TAG=s23 . scripts/gpu_common.sh
+case "$1" in
+  targets)
+     timeout ${TT:-100} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py -k tq 2>&1 | tail -n 4 | tee $OUT/gpu_tests_s23.txt
+     timeout ${TG:-420} python3 -m veloxquant.cli benchmark --skip-decode --generate --contexts 8192,32768 --gen-batches 1 \
+       --decode-tokens 128 --rounds ${ROUNDS:-3} --out $OUT/generate_b1_s23.json 2>&1 | grep -v Warning | tail -n 12 ;;
+  layer)
+     timeout ${TL:-230} python3 -m veloxquant.cli benchmark --skip-decode --layer --layer-depth 32 --seq-lens 8192,32768 --batches 1 \
+       --rounds ${ROUNDS:-5} --out $OUT/layer_depth32_rounds_s23.json 2>&1 | grep -v Warning | tail -n 9
+     timeout ${TL8:-200} python3 -m veloxquant.cli benchmark --skip-decode --layer --layer-depth 8 --seq-lens 32768 --batches 8 \
+       --rounds ${ROUNDS8:-3} --out $OUT/layer_depth8_b8_rounds_s23.json 2>&1 | grep -v Warning | tail -n 7
+     timeout ${TK:-120} python3 -m veloxquant.cli benchmark --seq-lens 8192,32768 --batches 1,8 --head-dims 128 --bits 4 --repeats 30 \
+       --out $OUT/decode_kernels_s23.json 2>&1 | grep -v Warning | tail -n 14 ;;
+  split) timeout ${TP:-200} python3 scripts/profile_b1.py $OUT/b1_split_s23.json --contexts 8192,32768 --steps 64 --rounds 3 2>&1 \
+         | grep -v Warning | grep -v layout | cut -c1-220 | tail -n 24 ;;
+  nsys) NS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+     [ -z "$NS" ] && { echo "no nsys on this machine"; exit 0; }
+     for s in "stock" "affine:key_bits=4,value_bits=4"; do
+       timeout ${TN:-150} $NS profile -t cuda,nvtx,osrt --sample=none -o $OUT/nsys_${s%%:*}_s23 python3 scripts/profile_b1.py /tmp/x.json \
+         --contexts 32768 --specs "$s" --steps 32 --rounds 1 --layers 32 >/dev/null 2>&1
+       $NS stats -r cuda_gpu_kern_sum,cuda_api_sum --format csv -o $OUT/nsys_${s%%:*}_s23 $OUT/nsys_${s%%:*}_s23.nsys-rep >/dev/null 2>&1
+       echo "$s: $(ls $OUT | grep nsys_${s%%:*} | tr '\n' ' ')"; rm -f $OUT/nsys_${s%%:*}_s23.nsys-rep $OUT/nsys_${s%%:*}_s23.sqlite; done ;;
+esac
