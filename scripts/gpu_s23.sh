@@ -7,9 +7,11 @@
 #                                     # the methods interleaved over rounds; then the kernels alone (fp16 SDPA beside them)
 #   bash scripts/gpu_s23.sh split     # B = 1 decode of the 32-layer model queued as generate_step does, 8k and 32k: per token the
 #                                     # host time (graph + enqueue) and the wait for the previous token (scripts/profile_b1.py)
+#   bash scripts/gpu_s23.sh tiles     # the methods without a kernel of their own (and q4_0) through the cache at 32k, B = 1 and 8,
+#                                     # stock beside each (scripts/bench_tiles.py)
 #   bash scripts/gpu_s23.sh nsys      # nsys profile of B = 1 decode steps at 32k (scripts/profile_b1.py), if nsys is installed
 set -u
-case "${1:-}" in targets|layer|split|nsys) ;; *) echo "usage: bash scripts/gpu_s23.sh targets|layer|split|nsys (see the comments at the top)"; exit 2 ;; esac
+case "${1:-}" in targets|layer|split|tiles|nsys) ;; *) echo "usage: bash scripts/gpu_s23.sh targets|layer|split|tiles|nsys (see the comments at the top)"; exit 2 ;; esac
 TAG=s23 . scripts/gpu_common.sh
 case "$1" in
   targets)
@@ -25,6 +27,8 @@ case "$1" in
        --out $OUT/decode_kernels_s23.json 2>&1 | grep -v Warning | tail -n 14 ;;
   split) timeout ${TP:-200} python3 scripts/profile_b1.py $OUT/b1_split_s23.json --contexts 8192,32768 --steps 64 --rounds 3 2>&1 \
          | grep -v Warning | grep -v layout | cut -c1-220 | tail -n 24 ;;
+  tiles) timeout ${TB:-200} python3 scripts/bench_tiles.py $OUT/tiles_coded_s23.json 32768 1,8 \
+         "--methods=${M:-q4_0;kivi;polar;gear;turboquant_rvq;qjl;rabitq}" 2>&1 | grep -v Warning | tail -n 16 ;;
   nsys) NS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
      [ -z "$NS" ] && { echo "no nsys on this machine"; exit 0; }
      for s in "stock" "affine:key_bits=4,value_bits=4"; do
