@@ -112,6 +112,7 @@ __global__ void vq_tq_mma_decode(
   constexpr int U = 2;
   constexpr int EMU = 0;
   constexpr int LC = 1;
+  constexpr int HAD = 0;
   constexpr int SCALE = 1035273459;
   constexpr int PR = 0;
 
@@ -144,8 +145,22 @@ const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 u
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 const int cs = PR ? rr[3 * bh] : 0, ce = PR ? rr[3 * bh + 1] : n;
 const int t0 = cs + chunk * split, t1 = min(ce, t0 + split);
-for (int i = vq_tid; i < REP * D; i += 32 * NW) wacc[i] = vq_float(q[(long)bh * REP * D + i]);  // q, then q R below
+for (int i = vq_tid; i < REP * D; i += 32 * NW)  // q (HAD: q ⊙ s, s_j = sign R[j][0]), then q R below
+  wacc[i] = HAD && qrot[(long)(i % D) * D] < 0.0f ? -vq_float(q[(long)bh * REP * D + i]) : vq_float(q[(long)bh * REP * D + i]);
 vq_barrier();
+if (HAD) {  // R = diag(s) H / sqrt(D), H Sylvester's (quant.randomized_hadamard, D a power of two): q R = FWHT(q ⊙ s) / sqrt(D),
+            // butterflies in threadgroup memory: D / 2 · REP pairs per stage, log2 D stages, no read of R's D² floats
+  for (int h = 1; h < D; h <<= 1) {
+    for (int p = vq_tid; p < REP * D / 2; p += 32 * NW) {
+      const int r = p / (D / 2), j = p % (D / 2), i = r * D + (j / h) * 2 * h + j % h;
+      const float a = wacc[i], b = wacc[i + h];
+      wacc[i] = a + b; wacc[i + h] = a - b;
+    }
+    vq_barrier();
+  }
+  constexpr float HN = D == 64 ? 0.125f : D == 128 ? 0.08838834764831845f : D == 256 ? 0.0625f : 0.0f;
+  for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = wacc[i] * (HN * scale);
+} else
 for (int d = vq_tid; d < D; d += 32 * NW) {  // qs = scale (q R), one launch less per step than rotating outside: a thread
   float a[REP];                                // per channel d, all REP rows; 32 loads of R's column in flight at a time
   VQ_UNROLL

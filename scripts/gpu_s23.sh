@@ -9,9 +9,11 @@
 #                                     # host time (graph + enqueue) and the wait for the previous token (scripts/profile_b1.py)
 #   bash scripts/gpu_s23.sh tiles     # the methods without a kernel of their own (and q4_0) through the cache at 32k, B = 1 and 8,
 #                                     # stock beside each (scripts/bench_tiles.py)
+#   bash scripts/gpu_s23.sh fwht      # GPU parity of turboquant's decode with the queries rotated by butterflies (HAD = 1), then
+#                                     # its A/B against R's product (scripts/tq_switch_ab.py --switch fwht)
 #   bash scripts/gpu_s23.sh nsys      # nsys profile of B = 1 decode steps at 32k (scripts/profile_b1.py), if nsys is installed
 set -u
-case "${1:-}" in targets|layer|split|tiles|nsys) ;; *) echo "usage: bash scripts/gpu_s23.sh targets|layer|split|tiles|nsys (see the comments at the top)"; exit 2 ;; esac
+case "${1:-}" in targets|layer|split|tiles|fwht|nsys) ;; *) echo "usage: bash scripts/gpu_s23.sh targets|layer|split|tiles|fwht|nsys (see the comments at the top)"; exit 2 ;; esac
 TAG=s23 . scripts/gpu_common.sh
 case "$1" in
   targets)
@@ -29,6 +31,8 @@ case "$1" in
          | grep -v Warning | grep -v layout | cut -c1-220 | tail -n 24 ;;
   tiles) timeout ${TB:-200} python3 scripts/bench_tiles.py $OUT/tiles_coded_s23.json 32768 1,8 \
          "--methods=${M:-q4_0;kivi;polar;gear;turboquant_rvq;qjl;rabitq}" 2>&1 | grep -v Warning | tail -n 16 ;;
+  fwht) timeout ${TT:-150} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py -k "tq_decode_parity or fwht" 2>&1 | tail -n 4 | tee $OUT/gpu_tests_fwht_s23.txt
+       timeout ${TA:-300} python3 scripts/tq_switch_ab.py $OUT/tq_fwht_ab_s23.json --switch fwht --rounds ${ROUNDS:-2} --batches ${BS:-1,8} 2>&1 | grep -v Warning | cut -c1-160 | tail -n 22 ;;
   nsys) NS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
      [ -z "$NS" ] && { echo "no nsys on this machine"; exit 0; }
      for s in "stock" "affine:key_bits=4,value_bits=4"; do

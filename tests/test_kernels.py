@@ -293,10 +293,13 @@ def test_mma_decode_parity(B, Hkv, rep, D, n, cap, gs, warps, split, emulate, dt
     (1, 8, 4, 128, 1000, 3, 3, 1, False, False, mx.float16), (2, 2, 3, 64, 777, 4, 2, 3, True, False, mx.bfloat16),
     (1, 1, 16, 128, 513, 1, 4, 1, False, False, mx.float32), (3, 2, 1, 64, 65, 2, 3, 2, True, True, mx.float16),
     (1, 2, 8, 128, 300, 3, 1, 1, False, True, mx.float32), (8, 8, 4, 128, 20000, 3, 3, 1, False, False, mx.float16)])
-def test_tq_decode_parity(B, Hkv, rep, D, n, kbits, vbits, E, sinks, emulate, dtype):
+@pytest.mark.parametrize("fwht", [False, True])
+def test_tq_decode_parity(B, Hkv, rep, D, n, kbits, vbits, E, sinks, emulate, dtype, fwht, monkeypatch):
     """`tq_fused_decode` (codebook lookups on tensor cores; `emulate`: the software product) against float32 attention
-    over the codecs' own decoding of the same codes: bits 1–4 (3 straddles words), GQA 1–16, head_dim 64/128, sinks."""
+    over the codecs' own decoding of the same codes: bits 1–4 (3 straddles words), GQA 1–16, head_dim 64/128, sinks;
+    `fwht`: the queries rotated by butterflies in the kernel (template HAD = 1, `TQ_FWHT_QUERIES`) instead of R's product."""
     from veloxquant.methods.turboquant import TurboQuantCodec
+    monkeypatch.setattr(turboquant, "TQ_FWHT_QUERIES", fwht)
     mx.random.seed(5)
     kc, vc = TurboQuantCodec(D, kbits, seed=1), TurboQuantCodec(D, vbits, seed=1)
     k = (mx.random.normal((B, Hkv, n, D)) * 2 + 0.3).astype(mx.float16); v = mx.random.normal((B, Hkv, n, D)).astype(mx.float16)
@@ -330,6 +333,20 @@ def test_tq_fused_decode_is_used_in_generation(tiny_model):
     finally:
         gpu_decode.DecodeStep.__call__ = orig
     assert calls
+
+
+@pytest.mark.gpu
+def test_tq_fwht_queries_in_the_cache(tiny_model, monkeypatch):
+    "The cache's one-dispatch decode step with the queries rotated by butterflies (HAD = 1) gives R's product's logits (HAD = 0)."
+    import veloxquant as vq
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(turboquant, "TQ_FWHT_QUERIES", on)
+        caches = vq.KVCacheBuilder.for_model(tiny_model, vq.KVCacheConfig("turboquant", key_bits=3, value_bits=3, window=0))
+        tiny_model(mx.array([[5, 9, 2, 7] * 10]), cache=caches)
+        outs.append(tiny_model(mx.array([[7]]), cache=caches).astype(mx.float32))
+        assert turboquant._had(caches[0].k_codec.R) == int(on)
+    assert float(mx.abs(outs[0] - outs[1]).max()) <= 2e-2 * float(mx.abs(outs[0]).max()) + 1e-3
 
 
 @pytest.mark.gpu

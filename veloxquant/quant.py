@@ -12,10 +12,11 @@ import mlx.core as mx
 
 # %% auto #0
 __all__ = ['SUPPORTED_HEAD_DIMS', 'ROTATIONS', 'SPHERE_DIMS', 'CODEBOOK_BITS', 'CODEBOOK_FILE', 'PACK_BITS', 'PLANE_BITS',
-           'sylvester_hadamard', 'dct_matrix', 'hadamard_like', 'randomized_hadamard', 'random_orthogonal', 'rotation',
-           'fwht', 'lloyd_max', 'dist_name', 'save_artifact', 'load_artifact', 'save_codebooks', 'load_codebooks',
-           'default_codebook_path', 'precompute', 'Codebook', 'codebook', 'packed_words', 'pack_bits', 'unpack_bits',
-           'lookup', 'plane_order', 'code_planes', 'affine_plane_scores', 'affine_plane_mix']
+           'sylvester_hadamard', 'dct_matrix', 'hadamard_like', 'randomized_hadamard', 'random_orthogonal',
+           'hadamard_signs', 'rotation', 'fwht', 'lloyd_max', 'dist_name', 'save_artifact', 'load_artifact',
+           'save_codebooks', 'load_codebooks', 'default_codebook_path', 'precompute', 'Codebook', 'codebook',
+           'packed_words', 'pack_bits', 'unpack_bits', 'lookup', 'plane_order', 'code_planes', 'affine_plane_scores',
+           'affine_plane_mix']
 
 # %% ../nbs/03_quant.ipynb #256efd2b
 SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -57,6 +58,16 @@ def random_orthogonal(d: int, seed: int = 0) -> mx.array:
     return mx.array((q * np.sign(np.diag(r))[None]).astype(np.float32))
 
 ROTATIONS = ("hadamard", "orthogonal")
+
+def hadamard_signs(R) -> np.ndarray | None:
+    """The signs s (float32 [D], ±1) when the rotation `R` [D, D] is `diag(s) · H_D` (Sylvester's normalized Hadamard
+    matrix, D a power of two: `randomized_hadamard`), else None. Then `x @ R = fwht(x * s)`: a kernel can rotate by
+    log2 D butterfly stages instead of reading D² floats. Checked on the values (to 1e-6), not on how `R` was made."""
+    r = np.asarray(R, dtype=np.float32) if not isinstance(R, mx.array) else np.asarray(R.astype(mx.float32))
+    D = r.shape[0] if r.ndim == 2 else 0
+    if D < 2 or r.shape != (D, D) or D & (D - 1): return None
+    s = np.sign(r[:, 0])
+    return s if np.all(s != 0) and np.allclose(r, s[:, None] * sylvester_hadamard(D), atol=1e-6) else None
 
 def rotation(kind: str, d: int, seed: int = 0) -> mx.array:
     "The rotation matrix of `kind` ('hadamard': randomized Hadamard, 'orthogonal': Haar) for dimension `d`."

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from ..core import MethodConfig, KVCacheConfig, register_method, check_choice, check_int, check_bool
 from ..cache import Codec, VQCache, register_cache_class, seal_state
-from ..quant import rotation, codebook, pack_bits, unpack_bits, packed_words, ROTATIONS, code_planes, plane_order
+from ..quant import rotation, hadamard_signs, codebook, pack_bits, unpack_bits, packed_words, ROTATIONS, code_planes, plane_order
 from ..cpu import CpuLayout, CPU_BITS
 import veloxquant.gpu as gpu
 from ..gpu import (
@@ -21,11 +21,11 @@ import veloxquant.gpu_decode as gpu_decode
 from ..gpu_decode import _merge_partials
 
 # %% auto #0
-__all__ = ['TQ_BITS', 'TQ_CODEBOOKS', 'TQ_VARIANTS', 'METHOD', 'TQ_TABLE_COPIES', 'TQ_MMA_DECODE_BODY', 'TQ_DECODE_INPUTS',
-           'TQ_APPEND_BODY', 'TQ_APPEND_INPUTS', 'TQ_APPEND_OUTPUTS', 'TQ_DECODE_CU_TYPES', 'TQ_APPEND_CU_TYPES',
-           'check_bits', 'TurboQuantConfig', 'channel_split', 'TurboQuantCodec', 'TurboQuantProdCodec', 'qjl_matrix',
-           'TurboQuantCache', 'tq_decode_supported', 'codebook_pair_table', 'tq_fused_decode', 'tq_append_supported',
-           'tq_fused_append']
+__all__ = ['TQ_BITS', 'TQ_CODEBOOKS', 'TQ_VARIANTS', 'METHOD', 'TQ_TABLE_COPIES', 'TQ_FWHT_QUERIES', 'TQ_MMA_DECODE_BODY',
+           'TQ_DECODE_INPUTS', 'TQ_APPEND_BODY', 'TQ_APPEND_INPUTS', 'TQ_APPEND_OUTPUTS', 'TQ_DECODE_CU_TYPES',
+           'TQ_APPEND_CU_TYPES', 'check_bits', 'TurboQuantConfig', 'channel_split', 'TurboQuantCodec',
+           'TurboQuantProdCodec', 'qjl_matrix', 'TurboQuantCache', 'tq_decode_supported', 'codebook_pair_table',
+           'tq_fused_decode', 'tq_append_supported', 'tq_fused_append']
 
 # %% ../../nbs/methods/turboquant.ipynb #d3a6a089
 TQ_BITS = (1, 1.5, 2, 2.5, 3, 3.5, 4)
@@ -337,7 +337,7 @@ def _make(config: KVCacheConfig):
                 B, Hq, L, D = queries.shape; Hkv = ek.shape[1]
                 ok = L == 1 and Hq % Hkv == 0 and tq_decode_supported(kc.head_dim, kc.bits, vc.bits, Hq // Hkv)
                 p = plans[key] = gpu_decode.DecodeStep("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_INPUTS, [("D", D), ("KB", _int_bits(kc.groups[0][2])),
-                    ("VB", _int_bits(vc.groups[0][2])), ("REP", Hq // Hkv), ("NW", MMA_WARPS), ("U", MMA_TOKENS // 16), ("EMU", 0), ("LC", TQ_TABLE_COPIES)], B, Hq, Hkv, D,
+                    ("VB", _int_bits(vc.groups[0][2])), ("REP", Hq // Hkv), ("NW", MMA_WARPS), ("U", MMA_TOKENS // 16), ("EMU", 0), ("LC", TQ_TABLE_COPIES), ("HAD", _had(kc.R))], B, Hq, Hkv, D,
                     queries.dtype, scale, MMA_WARPS, MMA_TARGET_GROUPS, fused=True, rot=vc.R, hs=sinks is not None) if ok else False
             if p is False: return None  # more than 16 query heads per kv head: the reference path
             return p([queries, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _f32(kc.R)],
@@ -351,9 +351,16 @@ METHOD = register_method("turboquant", TurboQuantConfig, _make,
                          "random rotation + per-coordinate Lloyd–Max codes + fp16 norm (TurboQuant MSE, arXiv 2504.19874)")
 
 # %% ../../nbs/methods/turboquant.ipynb #67c1c0d6
-TQ_TABLE_COPIES = 1  # template LC of TQ_MMA_DECODE_BODY: copies of the codebook-pair tables in threadgroup memory (1: one shared
-# table, the layout measured so far). 32 (a copy per lane, no bank conflicts) compiles for sm_90 but has not yet been run on a GPU:
-# it becomes the default once its parity and `scripts/tq_table_ab.py` have run there (`scripts/gpu_s19.sh tq`).
+TQ_TABLE_COPIES = 1  # template LC of TQ_MMA_DECODE_BODY: codebook-pair table copies in threadgroup memory (1: one shared table;
+# 32, a copy per lane, compiles for sm_90, not yet run on a GPU: `scripts/tq_table_ab.py`). TQ_FWHT_QUERIES (template HAD): where
+# the key rotation is diag(s) H (`rotation='hadamard'`, D a power of two) the kernel rotates the queries by log2 D butterfly
+# stages instead of reading R's D² floats per threadgroup (64 KB at D = 128). Off until its GPU parity and timing have run.
+TQ_FWHT_QUERIES, _HAD_CACHE = False, {}
+def _had(R) -> int:
+    "Template HAD for the key rotation `R` (`TQ_FWHT_QUERIES` and `quant.hadamard_signs`, checked once per array)."
+    c = _HAD_CACHE.get(id(R))
+    if c is None or c[0] is not R: c = _HAD_CACHE[id(R)] = (R, int(hadamard_signs(R) is not None))
+    return int(TQ_FWHT_QUERIES) * c[1]
 
 TQ_MMA_DECODE_BODY = r"""
 // Tensor-core decode attention over TurboQuant MSE codes (one Lloyd-Max codebook per side, KB / VB bits per
@@ -379,8 +386,22 @@ VQ_SHARED float wacc[NW * REP * D];
 const int n = nref_shape[0], cap = kc_shape[2], split = sref_shape[0];
 const float scale = vq_as_float(SCALE) * 1.4426950408889634f;          // log2 units: exp2 below
 const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
-""" + DECODE_ROWS + r"""for (int i = vq_tid; i < REP * D; i += 32 * NW) wacc[i] = vq_float(q[(long)bh * REP * D + i]);  // q, then q R below
+""" + DECODE_ROWS + r"""for (int i = vq_tid; i < REP * D; i += 32 * NW)  // q (HAD: q ⊙ s, s_j = sign R[j][0]), then q R below
+  wacc[i] = HAD && qrot[(long)(i % D) * D] < 0.0f ? -vq_float(q[(long)bh * REP * D + i]) : vq_float(q[(long)bh * REP * D + i]);
 vq_barrier();
+if (HAD) {  // R = diag(s) H / sqrt(D), H Sylvester's (quant.randomized_hadamard, D a power of two): q R = FWHT(q ⊙ s) / sqrt(D),
+            // butterflies in threadgroup memory: D / 2 · REP pairs per stage, log2 D stages, no read of R's D² floats
+  for (int h = 1; h < D; h <<= 1) {
+    for (int p = vq_tid; p < REP * D / 2; p += 32 * NW) {
+      const int r = p / (D / 2), j = p % (D / 2), i = r * D + (j / h) * 2 * h + j % h;
+      const float a = wacc[i], b = wacc[i + h];
+      wacc[i] = a + b; wacc[i + h] = a - b;
+    }
+    vq_barrier();
+  }
+  constexpr float HN = D == 64 ? 0.125f : D == 128 ? 0.08838834764831845f : D == 256 ? 0.0625f : 0.0f;
+  for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = wacc[i] * (HN * scale);
+} else
 for (int d = vq_tid; d < D; d += 32 * NW) {  // qs = scale (q R), one launch less per step than rotating outside: a thread
   float a[REP];                                // per channel d, all REP rows; 32 loads of R's column in flight at a time
   VQ_UNROLL
@@ -584,7 +605,7 @@ def _tq_step(queries, k, v, n, keys, values, scale, sinks, kc, vc, n_exact=None,
     kern = _kernel("vq_tq_mma_decode", TQ_MMA_DECODE_BODY, tuple(TQ_DECODE_INPUTS), tuple(DECODE_PARTIAL_OUTPUTS), gpu.backend())
     m, l, acc = kern(inputs=[queries, k["c0"], k["norm"], v["c0"], v["norm"], _codec_table(kc), _codec_table(vc), _f32(kc.R), _nref(n), _nref(split), _no_rows()],
                      template=[("D", D), ("KB", _int_bits(kc.groups[0][2])), ("VB", _int_bits(vc.groups[0][2])), ("REP", rep),
-                               ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)), ("LC", TQ_TABLE_COPIES), ("SCALE", _float_bits(scale)), ("PR", 0)],
+                               ("NW", warps), ("U", MMA_TOKENS // 16), ("EMU", int(emulate)), ("LC", TQ_TABLE_COPIES), ("HAD", _had(kc.R)), ("SCALE", _float_bits(scale)), ("PR", 0)],
                      grid=(32 * warps * ns, B * Hkv, 1), threadgroup=(32 * warps, 1, 1),
                      output_shapes=[(rows, ns), (rows, ns), (rows, ns, D)], output_dtypes=[f32, f32, f32])
     return _merge_partials(m, l, acc, queries, keys, values, sinks, scale, rep, merge_warps, queries.dtype, n_exact,
@@ -666,12 +687,14 @@ TQ_DECODE_CU_TYPES = dict(inputs=[("q", "float32"), ("kc", "uint32"), ("kn", "fl
 TQ_APPEND_CU_TYPES = dict(inputs=[("xk", "bfloat16"), ("xv", "bfloat16"), ("R", "float32"), ("bk", "float32"), ("bv", "float32")],
                           outputs=[("kc", "uint32"), ("kn", "float16"), ("vc", "uint32"), ("vn", "float16")])
 
-register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, LC=1, SCALE=_float_bits(128 ** -0.5), PR=0),
-                [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, LC=32, SCALE=_float_bits(0.125), PR=1),
-                 dict(D=128, KB=4, VB=1, REP=16, NW=4, U=1, EMU=1, LC=32, SCALE=_float_bits(1.0), PR=0),
-                 dict(D=64, KB=1, VB=4, REP=8, NW=2, U=2, EMU=0, LC=8, SCALE=_float_bits(0.1), PR=1)])
+register_kernel("tq_mma_decode", TQ_MMA_DECODE_BODY, TQ_DECODE_CU_TYPES, dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, LC=1, HAD=0, SCALE=_float_bits(128 ** -0.5), PR=0),
+                [dict(D=64, KB=3, VB=2, REP=3, NW=4, U=2, EMU=0, LC=32, HAD=1, SCALE=_float_bits(0.125), PR=1),
+                 dict(D=128, KB=4, VB=1, REP=16, NW=4, U=1, EMU=1, LC=32, HAD=0, SCALE=_float_bits(1.0), PR=0),
+                 dict(D=64, KB=1, VB=4, REP=8, NW=2, U=2, EMU=0, LC=8, HAD=1, SCALE=_float_bits(0.1), PR=1),
+                 dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, LC=1, HAD=1, SCALE=_float_bits(128 ** -0.5), PR=0)])
 register_kernel("tq_mma_decode_fused", TQ_MMA_DECODE_BODY + gpu.DECODE_FINISH, dict(inputs=TQ_DECODE_CU_TYPES["inputs"] + gpu.DECODE_FINISH_CU_TYPES,
-                outputs=TQ_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, LC=1, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16", PR=0),
-                [dict(D=64, KB=2, VB=4, REP=8, NW=4, U=1, EMU=1, LC=32, SCALE=_float_bits(1.0), HS=1, ROT=1, OT="bfloat16", PR=0)])
+                outputs=TQ_DECODE_CU_TYPES["outputs"] + [("out", "OT")]), dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, LC=1, HAD=0, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16", PR=0),
+                [dict(D=64, KB=2, VB=4, REP=8, NW=4, U=1, EMU=1, LC=32, HAD=1, SCALE=_float_bits(1.0), HS=1, ROT=1, OT="bfloat16", PR=0),
+                 dict(D=128, KB=3, VB=3, REP=4, NW=4, U=2, EMU=0, LC=1, HAD=1, SCALE=_float_bits(128 ** -0.5), HS=0, ROT=1, OT="float16", PR=0)])
 register_kernel("tq_append", TQ_APPEND_BODY, TQ_APPEND_CU_TYPES, dict(D=128, KBITS=3, VBITS=3),
                 [dict(D=64, KBITS=1, VBITS=4), dict(D=96, KBITS=3, VBITS=2), dict(D=256, KBITS=4, VBITS=4)])
