@@ -7,13 +7,15 @@
 #                                     # the methods interleaved over rounds; then the kernels alone (fp16 SDPA beside them)
 #   bash scripts/gpu_s23.sh split     # B = 1 decode of the 32-layer model queued as generate_step does, 8k and 32k: per token the
 #                                     # host time (graph + enqueue) and the wait for the previous token (scripts/profile_b1.py)
+#   bash scripts/gpu_s23.sh host      # host cost (graph building / queueing) of one custom-kernel launch, through mx.compile, and of
+#                                     # one B = 1 decode layer per cache kind (scripts/launch_host_cost.py)
 #   bash scripts/gpu_s23.sh tiles     # the methods without a kernel of their own (and q4_0) through the cache at 32k, B = 1 and 8,
 #                                     # stock beside each (scripts/bench_tiles.py)
 #   bash scripts/gpu_s23.sh fwht      # GPU parity of turboquant's decode with the queries rotated by butterflies (HAD = 1), then
 #                                     # its A/B against R's product (scripts/tq_switch_ab.py --switch fwht)
 #   bash scripts/gpu_s23.sh nsys      # nsys profile of B = 1 decode steps at 32k (scripts/profile_b1.py), if nsys is installed
 set -u
-case "${1:-}" in targets|layer|split|tiles|fwht|nsys) ;; *) echo "usage: bash scripts/gpu_s23.sh targets|layer|split|tiles|fwht|nsys (see the comments at the top)"; exit 2 ;; esac
+case "${1:-}" in targets|layer|split|host|tiles|fwht|nsys) ;; *) echo "usage: bash scripts/gpu_s23.sh targets|layer|split|host|tiles|fwht|nsys (see the comments at the top)"; exit 2 ;; esac
 TAG=s23 . scripts/gpu_common.sh
 case "$1" in
   targets)
@@ -29,6 +31,7 @@ case "$1" in
        --out $OUT/decode_kernels_s23.json 2>&1 | grep -v Warning | tail -n 14 ;;
   split) timeout ${TP:-200} python3 scripts/profile_b1.py $OUT/b1_split_s23.json --contexts 8192,32768 --steps 64 --rounds 3 2>&1 \
          | grep -v Warning | grep -v layout | cut -c1-220 | tail -n 24 ;;
+  host) timeout ${TH:-150} python3 scripts/launch_host_cost.py $OUT/launch_host_cost_s23.json 2>&1 | grep -v Warning | cut -c1-200 | tail -n 14 ;;
   tiles) timeout ${TB:-200} python3 scripts/bench_tiles.py $OUT/tiles_coded_s23.json 32768 1,8 \
          "--methods=${M:-q4_0;kivi;polar;gear;turboquant_rvq;qjl;rabitq}" 2>&1 | grep -v Warning | tail -n 16 ;;
   fwht) timeout ${TT:-150} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py -k "tq_decode_parity or fwht" 2>&1 | tail -n 4 | tee $OUT/gpu_tests_fwht_s23.txt

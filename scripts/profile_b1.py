@@ -43,17 +43,20 @@ def fill(caches, ctx):
 SPLIT = {}
 def pipelined(caches, steps):
     """Seconds per token of `steps` + 1 tokens queued as `generate_step` does; SPLIT['host'] / SPLIT['wait']: the seconds per
-    token spent building and enqueueing the next token's graph (model call + `mx.async_eval`) and waiting for the previous
-    token (`.item()`). Host-bound: wait ≈ 0; GPU-bound: host < wait."""
-    y = mx.array([[1]]); th = tw = 0.0
+    token spent building and queueing the next token's graph (model call + `mx.async_eval`) and waiting for the previous
+    token (`.item()`); SPLIT['build'] / SPLIT['queue']: the host part split into the model call and `mx.async_eval`.
+    A GPU-bound loop shows wait ≈ GPU time − host time > 0; wait ≈ 0 is necessary for a host-bound loop but does not
+    prove it: `mx.async_eval` itself blocks while too much work is in flight (then `queue` holds GPU time)."""
+    y = mx.array([[1]]); tb = tq = tw = 0.0
     t0 = time.perf_counter()
     tok = mx.argmax(model(y, cache=caches)[:, -1], axis=-1); mx.async_eval(tok)
     for _ in range(steps):
         t1 = time.perf_counter()
-        nxt = mx.argmax(model(tok[None], cache=caches)[:, -1], axis=-1); mx.async_eval(nxt)
-        t2 = time.perf_counter(); tok.item(); tw += time.perf_counter() - t2; th += t2 - t1; tok = nxt
+        nxt = mx.argmax(model(tok[None], cache=caches)[:, -1], axis=-1)
+        t2 = time.perf_counter(); mx.async_eval(nxt)
+        t3 = time.perf_counter(); tok.item(); tw += time.perf_counter() - t3; tb += t2 - t1; tq += t3 - t2; tok = nxt
     tok.item()
-    SPLIT.update(host=th / steps, wait=tw / steps)
+    SPLIT.update(host=(tb + tq) / steps, build=tb / steps, queue=tq / steps, wait=tw / steps)
     return (time.perf_counter() - t0) / (steps + 1)
 
 PATHS = {}
@@ -82,7 +85,7 @@ for ctx in [int(x) for x in a.contexts.split(",")]:
     for r in range(a.rounds):  # interleaved rounds: the ratios side by side
         for spec, caches in made.items():
             s = pipelined(caches, a.steps)
-            res["rows"].append(dict(ctx=ctx, spec=spec, round=r, ms=s * 1e3, tok_s=1 / s, host_ms=SPLIT["host"] * 1e3, wait_ms=SPLIT["wait"] * 1e3))
+            res["rows"].append(dict(ctx=ctx, spec=spec, round=r, ms=s * 1e3, tok_s=1 / s, host_ms=SPLIT["host"] * 1e3, build_ms=SPLIT["build"] * 1e3, queue_ms=SPLIT["queue"] * 1e3, wait_ms=SPLIT["wait"] * 1e3))
             print(json.dumps(res["rows"][-1]), flush=True)
     del made
 json.dump(res, open(a.out, "w"), indent=1)

@@ -329,7 +329,7 @@ def _make(config: KVCacheConfig):
         if not (cfg.use_kernels and cfg.variant == "mse" and not cfg.center and kc.head_dim == vc.head_dim
                 and len(kc.groups) == 1 and len(vc.groups) == 1 and tq_decode_supported(kc.head_dim, kc.bits, vc.bits, 1)):
             return None
-        plans = {}  # one prepared step (gpu_decode.DecodeStep, one dispatch) per (shape, dtype, scale): the checks run once
+        plans = {}  # one prepared step (gpu_decode.DecodeStep) per (shape, dtype, scale): the checks, and TQ_FWHT_QUERIES, read once
         def run(queries, k, v, n, ek, ev, scale, sinks, n_exact=None, rows=None):
             key = (queries.shape, ek.shape[:2], queries.dtype, scale, sinks is None)
             p = plans.get(key)
@@ -389,8 +389,7 @@ const int bh = vq_group_y, chunk = vq_group_x, ns = (n + split - 1) / split;
 """ + DECODE_ROWS + r"""for (int i = vq_tid; i < REP * D; i += 32 * NW)  // q (HAD: q ⊙ s, s_j = sign R[j][0]), then q R below
   wacc[i] = HAD && qrot[(long)(i % D) * D] < 0.0f ? -vq_float(q[(long)bh * REP * D + i]) : vq_float(q[(long)bh * REP * D + i]);
 vq_barrier();
-if (HAD) {  // R = diag(s) H / sqrt(D), H Sylvester's (quant.randomized_hadamard, D a power of two): q R = FWHT(q ⊙ s) / sqrt(D),
-            // butterflies in threadgroup memory: D / 2 · REP pairs per stage, log2 D stages, no read of R's D² floats
+if (HAD) {  // R = diag(s) H / sqrt(D) (quant.randomized_hadamard): q R = FWHT(q ⊙ s) / sqrt(D), log2 D butterfly stages in shared memory
   for (int h = 1; h < D; h <<= 1) {
     for (int p = vq_tid; p < REP * D / 2; p += 32 * NW) {
       const int r = p / (D / 2), j = p % (D / 2), i = r * D + (j / h) * 2 * h + j % h;
@@ -400,6 +399,7 @@ if (HAD) {  // R = diag(s) H / sqrt(D), H Sylvester's (quant.randomized_hadamard
     vq_barrier();
   }
   constexpr float HN = D == 64 ? 0.125f : D == 128 ? 0.08838834764831845f : D == 256 ? 0.0625f : 0.0f;
+  static_assert(!HAD || HN > 0.0f, "HAD = 1 needs head_dim 64, 128 or 256");
   for (int i = vq_tid; i < REP * D; i += 32 * NW) qs[i] = wacc[i] * (HN * scale);
 } else
 for (int d = vq_tid; d < D; d += 32 * NW) {  // qs = scale (q R), one launch less per step than rotating outside: a thread
