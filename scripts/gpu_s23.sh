@@ -40,7 +40,7 @@ case "$1" in
      [ -z "$NS" ] && { echo "no nsys on this machine"; exit 0; }
      for s in "stock" "affine:key_bits=4,value_bits=4"; do
        timeout ${TN:-150} $NS profile -t cuda,nvtx,osrt --sample=none -o $OUT/nsys_${s%%:*}_s23 python3 scripts/profile_b1.py /tmp/x.json \
-         --contexts 32768 --specs "$s" --steps 32 --rounds 1 --layers 32 >/dev/null 2>&1
+         --contexts 32768 --specs "$s" --steps 32 --rounds 1 --layers 32 --no-build > $OUT/nsys_${s%%:*}_s23.log 2>&1
        $NS stats -r cuda_gpu_kern_sum,cuda_api_sum --format csv -o $OUT/nsys_${s%%:*}_s23 $OUT/nsys_${s%%:*}_s23.nsys-rep >/dev/null 2>&1
        echo "$s: $(ls $OUT | grep nsys_${s%%:*} | tr '\n' ' ')"; rm -f $OUT/nsys_${s%%:*}_s23.nsys-rep $OUT/nsys_${s%%:*}_s23.sqlite; done ;;
 esac
