@@ -14,8 +14,10 @@
 #   bash scripts/gpu_s23.sh fwht      # GPU parity of turboquant's decode with the queries rotated by butterflies (HAD = 1), then
 #                                     # its A/B against R's product (scripts/tq_switch_ab.py --switch fwht)
 #   bash scripts/gpu_s23.sh nsys      # nsys profile of B = 1 decode steps at 32k (scripts/profile_b1.py), if nsys is installed
+#   bash scripts/gpu_s23.sh next      # one call of at most ~560 s in priority order: host (launch costs), fwht (parity + A/B, one
+#                                     # round), split (with the build / queue split of the host part, one round)
 set -u
-case "${1:-}" in targets|layer|split|host|tiles|fwht|nsys) ;; *) echo "usage: bash scripts/gpu_s23.sh targets|layer|split|host|tiles|fwht|nsys (see the comments at the top)"; exit 2 ;; esac
+case "${1:-}" in targets|layer|split|host|tiles|fwht|nsys|next) ;; *) echo "usage: bash scripts/gpu_s23.sh targets|layer|split|host|tiles|fwht|nsys|next (see the comments at the top)"; exit 2 ;; esac
 TAG=s23 . scripts/gpu_common.sh
 case "$1" in
   targets)
@@ -36,6 +38,9 @@ case "$1" in
          "--methods=${M:-q4_0;kivi;polar;gear;turboquant_rvq;qjl;rabitq}" 2>&1 | grep -v Warning | tail -n 16 ;;
   fwht) timeout ${TT:-150} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py -k "tq_decode_parity or fwht" 2>&1 | tail -n 4 | tee $OUT/gpu_tests_fwht_s23.txt
        timeout ${TA:-300} python3 scripts/tq_switch_ab.py $OUT/tq_fwht_ab_s23.json --switch fwht --rounds ${ROUNDS:-2} --batches ${BS:-1,8} 2>&1 | grep -v Warning | cut -c1-160 | tail -n 22 ;;
+  next) export OUT; TH=70 bash $0 host; TT=110 TA=200 ROUNDS=1 bash $0 fwht
+        timeout ${TP:-150} python3 scripts/profile_b1.py $OUT/b1_split2_s23.json --contexts 8192,32768 --steps 64 --rounds 1 --no-build 2>&1 \
+          | grep -v Warning | grep -v layout | cut -c1-260 | tail -n 8 ;;
   nsys) NS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
      [ -z "$NS" ] && { echo "no nsys on this machine"; exit 0; }
      for s in "stock" "affine:key_bits=4,value_bits=4"; do
