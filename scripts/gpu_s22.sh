@@ -11,7 +11,7 @@
 #                                     # (scripts/sweep_split_depth.py, 32k; SWEEP8=1: 8k too), after the 32-deep layer table with
 #                                     # host time; then ncu of affine's decode at 32k
 #   bash scripts/gpu_s22.sh rounds    # the 32-deep B = 1 layer table, the methods interleaved over 5 rounds (--rounds 5)
-#   bash scripts/gpu_s22.sh tq        # turboquant's per-lane codebook-pair tables vs one shared table (scripts/tq_table_ab.py)
+#   bash scripts/gpu_s22.sh tq        # turboquant's per-lane codebook-pair tables vs one shared table (scripts/tq_switch_ab.py --switch lc)
 set -u
 case "${1:-}" in layer|targets|ncu|sweep|rounds|tq) ;; *) echo "usage: bash scripts/gpu_s22.sh layer|targets|ncu|sweep|rounds|tq (see the comments at the top)"; exit 2 ;; esac
 TAG=s22 . scripts/gpu_common.sh
@@ -40,5 +40,5 @@ case "$1" in
          --contexts 32768 --specs "$s" --steps 3 --rounds 1 --layers 2 --prefill 2048 > "$OUT/ncu_affine_s22.csv" 2>/dev/null; echo "ncu rc $?" ;;
   rounds) timeout ${TR:-240} python3 -m veloxquant.cli benchmark --skip-decode --layer --layer-depth 32 --seq-lens 8192,32768 --batches 1 \
          --rounds ${ROUNDS:-5} --out $OUT/layer_depth32_rounds_s22.json 2>&1 | grep -v Warning | tail -n 9 ;;
-  tq) timeout ${TA:-300} python3 scripts/tq_table_ab.py $OUT/tq_table_ab_s22.json --rounds ${ROUNDS:-2} --seq-lens ${SEQ:-8192,32768} --affine 2>&1 | grep -v Warning | cut -c1-200 ;;
+  tq) timeout ${TA:-300} python3 scripts/tq_switch_ab.py $OUT/tq_table_ab_s22.json --switch lc --rounds ${ROUNDS:-2} --seq-lens ${SEQ:-8192,32768} 2>&1 | grep -v Warning | cut -c1-200 ;;
 esac

@@ -62,7 +62,9 @@ ROTATIONS = ("hadamard", "orthogonal")
 def hadamard_signs(R) -> np.ndarray | None:
     """The signs s (float32 [D], ±1) when the rotation `R` [D, D] is `diag(s) · H_D` (Sylvester's normalized Hadamard
     matrix, D a power of two: `randomized_hadamard`), else None. Then `x @ R = fwht(x * s)`: a kernel can rotate by
-    log2 D butterfly stages instead of reading D² floats. Checked on the values (to 1e-6), not on how `R` was made."""
+    log2 D butterfly stages instead of reading D² floats. Checked on the values (to 1e-6), not on how `R` was made; never
+    raises (anything else, a non-square or non-power-of-two `R` included, gives None). The randomized Hadamard rotation is
+    the one TurboQuant applies before its per-coordinate codebook (Zandieh et al. 2025, arXiv 2504.19874, §3.1)."""
     r = np.asarray(R, dtype=np.float32) if not isinstance(R, mx.array) else np.asarray(R.astype(mx.float32))
     D = r.shape[0] if r.ndim == 2 else 0
     if D < 2 or r.shape != (D, D) or D & (D - 1): return None
