@@ -70,7 +70,8 @@ const uint vq_tid = thread_position_in_threadgroup.x;
 const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup_position_in_grid.y;
 
 // pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, ECAP, D], of which
-// the first E = eref_shape[0] tokens are read (a preallocated window buffer: ECAP >= E); sinks: [ROWS] float32 (read
+// the first E tokens are read (a preallocated window buffer: ECAP >= E): E = eref_shape[0] or, with template EV = 1, the
+// value eref[0] (int32: the step's graph then keeps its shapes from one step to the next); sinks: [ROWS] float32 (read
 // only when HS); template SCALE as the decode kernels. ROT = 1: the chunk partials are in a rotated domain (acc = p·(v R)),
 // the exact keys/values and q are not; out = (acc_chunks · Rᵀ + acc_exact) / L with rot: [D, D] float32 = Rᵀ, row-major
 // (`_merge_partials` passes the transpose of R). PR = 1 (a padded batch): exact token e of kv row kv counts from
@@ -82,7 +83,7 @@ const uint vq_group_x = threadgroup_position_in_grid.x, vq_group_y = threadgroup
 constexpr int DPL = D / 32, CU = 4, EU = 8, RU = 32;
 VQ_SHARED float wm[NW], wl[NW], wacc[NW * D], wex[ROT ? NW * D : 1], ac[ROT ? D : 1], ax[ROT ? D : 1];
 const int row = vq_group_x, kv = row / REP, es = PR ? rr[3 * kv + 2] : 0;
-const int E = eref_shape[0], ecap = ek_shape[2], has_sinks = HS;
+const int E = EV ? (int)eref[0] : eref_shape[0], ecap = ek_shape[2], has_sinks = HS;
 const int ns = pm_shape[1];
 const float scale = vq_as_float(SCALE);
 float qv[DPL], acc[DPL], acx[DPL];

@@ -4,6 +4,9 @@ per-token cost of the cache path shows alone. Optional ncu mode (`--ncu`): a few
 profile under `ncu --metrics gpu__time_duration.sum`.
 
     python scripts/profile_b1.py OUT.json --contexts 8192,32768 --specs "stock;affine:key_bits=4,value_bits=4"
+
+A spec ending in `@replay` builds its caches with `gpu.REPLAY_DECODE` on (each decode step's two launches replayed through
+`mx.compile`), e.g. --specs "stock;affine:key_bits=4,value_bits=4;affine:key_bits=4,value_bits=4@replay": the A/B in one run.
 """
 import argparse, json, time
 import mlx.core as mx
@@ -68,6 +71,18 @@ def _count(mod, name):  # which attention path each decode step takes (counted p
 import veloxquant.cache as _vc
 for _n in ("blockwise_attention", "compiled_decode_attention", "query_blocked_sdpa"): _count(_vc, _n)
 _count(_vc.tiles, "tiled_decode"); _count(_vc.VQCache, "_fused")
+def make(spec):
+    "The caches of `spec` (stock, a method spec, or one ending in @replay), their decode steps prepared by 8 steps."
+    method, _, opt = spec.partition("@")
+    if opt not in ("", "replay"): raise SystemExit(f"unknown spec option @{opt} (allowed: @replay)")
+    gpu.REPLAY_DECODE = opt == "replay"  # read when a cache prepares its decode step (the warm-up steps)
+    try:
+        caches = make_prompt_cache(model) if method == STOCK else KVCacheBuilder.for_model(model, parse_method(method))
+        fill(caches, ctx); PATHS.clear(); pipelined(caches, 8)
+    finally:
+        gpu.REPLAY_DECODE = False
+    return caches
+
 def describe(c):
     if not hasattr(c, "k_store"): return dict(kind=type(c).__name__, offset=getattr(c, "offset", None))
     cap = {k: tuple(v.shape) for k, v in c.k_store.arrays.items()}
@@ -79,8 +94,7 @@ for ctx in [int(x) for x in a.contexts.split(",")]:
     made = {}
     for spec in a.specs.split(";"):
         mx.clear_cache()
-        caches = make_prompt_cache(model) if spec == STOCK else KVCacheBuilder.for_model(model, parse_method(spec))
-        fill(caches, ctx); PATHS.clear(); pipelined(caches, 8); made[spec] = caches
+        caches = made[spec] = make(spec)
         res.setdefault("layout", {})[f"{ctx} {spec}"] = dict(describe(caches[0]), paths_8_steps=dict(PATHS))
         print("layout", ctx, spec, res["layout"][f"{ctx} {spec}"], flush=True)
     for r in range(a.rounds):  # interleaved rounds: the ratios side by side
@@ -96,8 +110,7 @@ if a.steps <= 4 or a.no_build:  # ncu mode (and --no-build) ends here
 # host graph building per token (no evaluation): what bounds a pipelined step when the device is faster
 for ctx in [int(x) for x in a.contexts.split(",")][:1]:
     for spec in a.specs.split(";"):
-        caches = make_prompt_cache(model) if spec == STOCK else KVCacheBuilder.for_model(model, parse_method(spec))
-        fill(caches, ctx); pipelined(caches, 8)
+        caches = make(spec)
         y = mx.array([[1]]); bs = []
         for _ in range(24):
             t0 = time.perf_counter(); lg = model(y, cache=caches); bs.append(time.perf_counter() - t0); mx.eval(lg)

@@ -199,3 +199,31 @@ def test_one_dispatch_matches_two(spec, B, with_sinks):
             gpu.FUSED_DECODE = was
     for x, y in zip(outs[True][1:], outs[False][1:]):
         np.testing.assert_allclose(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["affine:key_bits=4,value_bits=4,window=16", "turboquant:key_bits=3,value_bits=3,window=16"])
+@pytest.mark.parametrize("B,with_sinks", [(1, False), (3, True)])
+def test_replayed_decode_matches(spec, B, with_sinks, monkeypatch):
+    """On a GPU: the decode step replayed through `mx.compile` (`gpu.REPLAY_DECODE`; the merge reads the number of exact
+    tokens by value) equals its launches one by one, over steps that change the coded length (window 16), and it was
+    replayed: traced once per coded length, not once per step."""
+    import veloxquant.gpu as gpu
+    import veloxquant.gpu_decode as gd
+    H, rep, D, steps = 8, 4, 128, 60
+    traced, orig = [], gd.DecodeStep._traced
+    monkeypatch.setattr(gd.DecodeStep, "_traced", lambda self, *a: traced.append(1) or orig(self, *a))
+    outs, lengths = {}, set()
+    for comp in (True, False):
+        monkeypatch.setattr(gpu, "REPLAY_DECODE", comp)
+        c = parse_method(spec).make_cache(); mx.random.seed(3); o = []
+        sk = mx.random.normal((H * rep,)).astype(mx.float16) if with_sinks else None
+        for T in [700] + [1] * steps:
+            k, v, q = (mx.random.normal(s).astype(mx.float16) for s in ((B, H, T, D), (B, H, T, D), (B, H * rep, T, D)))
+            kk, vv = c.update_and_fetch(k, v)
+            o.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=D ** -0.5, mask="causal" if T > 1 else None, sinks=sk))
+            mx.eval(o[-1]); lengths.add(c.k_store.length)
+        outs[comp] = o
+    assert 1 <= len(traced) <= len(lengths), f"{len(traced)} traces for {len(lengths)} coded lengths"
+    for x, y in zip(outs[True][1:], outs[False][1:]):
+        np.testing.assert_allclose(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)), atol=1e-3, rtol=1e-3)

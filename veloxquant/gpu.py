@@ -12,10 +12,10 @@ import mlx.core as mx
 # %% auto #0
 __all__ = ['COMPAT_METAL', 'PROLOGUE_METAL', 'COMPAT_CUDA', 'VQ_MMA_EMUL', 'PROLOGUE_CUDA', 'FAILED', 'DECODE_ROWS',
            'DECODE_PARTIAL_OUTPUTS', 'DECODE_FINISH', 'DECODE_FINISH_INPUTS', 'DECODE_FINISH_CU_TYPES', 'FUSED_DECODE',
-           'DECODE_WARPS', 'MERGE_WARPS', 'DECODE_TARGET_GROUPS', 'MMA_WARPS', 'MMA_TARGET_GROUPS', 'MMA_TOKENS',
-           'KERNELS', 'backend', 'KernelFailed', 'inject_failure', 'GuardedKernel', 'kernel_failed', 'decode_split',
-           'cuda_source', 'metal_source', 'register_kernel', 'all_kernels', 'kernel_files', 'write_kernel_files',
-           'nvcc_check', 'nvcc_check_all']
+           'REPLAY_DECODE', 'DECODE_WARPS', 'MERGE_WARPS', 'DECODE_TARGET_GROUPS', 'MMA_WARPS', 'MMA_TARGET_GROUPS',
+           'MMA_TOKENS', 'KERNELS', 'backend', 'KernelFailed', 'inject_failure', 'GuardedKernel', 'kernel_failed',
+           'decode_split', 'cuda_source', 'metal_source', 'register_kernel', 'all_kernels', 'kernel_files',
+           'write_kernel_files', 'nvcc_check', 'nvcc_check_all']
 
 # %% ../nbs/03b_gpu.ipynb #09d336b4
 COMPAT_METAL = r"""
@@ -363,6 +363,7 @@ if (f_last[0]) {
 DECODE_FINISH_INPUTS = ["xq", "ek", "ev", "eref", "sinks", "rott", "cnt"]  # appended to a decode kernel's inputs
 DECODE_FINISH_CU_TYPES = [("xq", "OT"), ("ek", "OT"), ("ev", "OT"), ("eref", "uint8"), ("sinks", "float32"), ("rott", "float32"), ("cnt", "uint32")]
 FUSED_DECODE = False  # True: decode steps through the caches launch partials + merge as one dispatch (DECODE_FINISH). Off: see below
+REPLAY_DECODE = False  # True: a decode step through the caches replays its two launches through `mx.compile` (`DecodeStep`). Off until its GPU parity and A/B have run
 
 def _finish_inputs(queries, ek, ev, n_exact, sinks, rott, cnt):
     "The inputs `DECODE_FINISH` appends: queries, exact K/V, their valid length as a shape, sink logits per row, Rᵀ, the counter."
@@ -425,6 +426,22 @@ def _nref(n: int) -> mx.array:
     if a is None:
         if len(_NREFS) >= 1024: _NREFS.clear()
         a = _NREFS[n] = _length_buffer(1 << max(10, (n - 1).bit_length()))[:n]
+    return a
+
+@lru_cache(maxsize=None)
+def _iota_buffer(size: int):
+    z = mx.arange(size, dtype=mx.int32); mx.eval(z); return z
+
+_NVALS: dict = {}
+
+def _nval(n: int) -> mx.array:
+    """A one-element int32 array holding `n` ≥ 0 as data: a view of a cached buffer 0, 1, 2, … (no host upload; kept for
+    up to 1024 values, a leaf once a step has evaluated it). For kernels that read a length by value, so that a decode
+    step's graph keeps the same shapes from one step to the next (`gpu_decode.DecodeStep`'s compiled replay)."""
+    a = _NVALS.get(n)
+    if a is None:
+        if len(_NVALS) >= 1024: _NVALS.clear()
+        a = _NVALS[n] = _iota_buffer(1 << max(10, n.bit_length()))[n:n + 1]
     return a
 
 def _check_step(queries, keys, values, n: int, k: dict, code: str):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import mlx.core as mx
 import veloxquant.gpu as gpu
 from .gpu import (DECODE_FINISH, DECODE_FINISH_INPUTS, DECODE_PARTIAL_OUTPUTS, FAILED, _finish_inputs,
-    _float_bits, _kernel, _no_rows, _no_sinks, _nref, backend, decode_split, register_kernel, write_kernel_files)
+    _float_bits, _kernel, _no_rows, _no_sinks, _nref, _nval, backend, decode_split, register_kernel, write_kernel_files)
 
 # %% auto #0
 __all__ = ['DECODE_MERGE_BODY', 'DECODE_MERGE_INPUTS', 'DECODE_MERGE_CU_TYPES', 'DecodeStep', 'decode_hook']
@@ -15,7 +15,8 @@ __all__ = ['DECODE_MERGE_BODY', 'DECODE_MERGE_INPUTS', 'DECODE_MERGE_CU_TYPES', 
 # %% ../nbs/03b_gpu_decode.ipynb #83f2d776
 DECODE_MERGE_BODY = r"""
 // pm, pl: [ROWS, NS]; pacc: [ROWS, NS, D]; q: [ROWS, D] (model dtype, unscaled); ek, ev: [ROWS / REP, ECAP, D], of which
-// the first E = eref_shape[0] tokens are read (a preallocated window buffer: ECAP >= E); sinks: [ROWS] float32 (read
+// the first E tokens are read (a preallocated window buffer: ECAP >= E): E = eref_shape[0] or, with template EV = 1, the
+// value eref[0] (int32: the step's graph then keeps its shapes from one step to the next); sinks: [ROWS] float32 (read
 // only when HS); template SCALE as the decode kernels. ROT = 1: the chunk partials are in a rotated domain (acc = p·(v R)),
 // the exact keys/values and q are not; out = (acc_chunks · Rᵀ + acc_exact) / L with rot: [D, D] float32 = Rᵀ, row-major
 // (`_merge_partials` passes the transpose of R). PR = 1 (a padded batch): exact token e of kv row kv counts from
@@ -27,7 +28,7 @@ DECODE_MERGE_BODY = r"""
 constexpr int DPL = D / 32, CU = 4, EU = 8, RU = 32;
 VQ_SHARED float wm[NW], wl[NW], wacc[NW * D], wex[ROT ? NW * D : 1], ac[ROT ? D : 1], ax[ROT ? D : 1];
 const int row = vq_group_x, kv = row / REP, es = PR ? rr[3 * kv + 2] : 0;
-const int E = eref_shape[0], ecap = ek_shape[2], has_sinks = HS;
+const int E = EV ? (int)eref[0] : eref_shape[0], ecap = ek_shape[2], has_sinks = HS;
 const int ns = pm_shape[1];
 const float scale = vq_as_float(SCALE);
 float qv[DPL], acc[DPL], acx[DPL];
@@ -136,11 +137,15 @@ def _rot_t(R):
         c = _ROT_T[id(R)] = (R, mx.contiguous(R.astype(mx.float32).T)); mx.eval(c[1])
     return c[1]
 
+def _merge_kernel():
+    return _kernel("vq_decode_merge", DECODE_MERGE_BODY, tuple(DECODE_MERGE_INPUTS), ("out",), backend())
+
 def _merge_partials(m, l, acc, q2, ek, ev, sinks, scale: float, rep: int, merge_warps: int, out_dtype,
                     n_exact: int | None = None, rot=None, out_shape=None, ranges=None, verified: bool = False):
     """The second dispatch of a decode step (`DECODE_MERGE_BODY`): chunk partials `m`, `l` [ROWS, NS], `acc` [ROWS, NS, D]
     with the queries `q2` [ROWS, D] (or any row-contiguous array of ROWS·D elements, e.g. [B, Hq, 1, D]), the exact
-    keys/values `ek`, `ev` [B, Hkv, ECAP, D] of which the first `n_exact` (default ECAP) tokens count, optional sink
+    keys/values `ek`, `ev` [B, Hkv, ECAP, D] of which the first `n_exact` (default ECAP) tokens count (an int, or a
+    one-element int32 array holding it, `gpu._nval`: the kernel then reads it by value, template EV = 1), optional sink
     logits [Hq] and, when the partials were accumulated in a rotated domain, the float32 rotation `rot` [D, D] to
     undo (`out = acc·rotᵀ`; the exact tokens and `q2` stay unrotated); `ranges`: int32 [B·Hkv, 3] of a padded batch
     (`DECODE_ROWS`: exact tokens count from ranges[:, 2] on). Returns [ROWS, D] (or `out_shape`) in `out_dtype`.
@@ -149,12 +154,13 @@ def _merge_partials(m, l, acc, q2, ek, ev, sinks, scale: float, rep: int, merge_
     rows, D = l.shape[0], acc.shape[-1]
     Hq = sinks.shape[0] if sinks is not None else 0
     sk = (mx.broadcast_to(sinks.astype(mx.float32).reshape(1, Hq), (rows // Hq, Hq)).reshape(rows) if sinks is not None else _no_sinks())
-    kern = _kernel("vq_decode_merge", DECODE_MERGE_BODY, tuple(DECODE_MERGE_INPUTS), ("out",), backend())
+    kern = _merge_kernel()
     if verified and kern.direct() is not None: kern = kern.direct()
-    (out,) = kern(inputs=[m, l, acc, q2, ek, ev, sk, _nref(ek.shape[2] if n_exact is None else n_exact),
+    ev_ = isinstance(n_exact, mx.array)
+    (out,) = kern(inputs=[m, l, acc, q2, ek, ev, sk, n_exact if ev_ else _nref(ek.shape[2] if n_exact is None else n_exact),
                           _no_sinks() if rot is None else _rot_t(rot), _no_rows() if ranges is None else ranges],
                   template=[("D", D), ("REP", rep), ("NW", merge_warps), ("OT", out_dtype), ("HS", int(sinks is not None)),
-                            ("ROT", int(rot is not None)), ("SCALE", _float_bits(scale)), ("PR", int(ranges is not None))],
+                            ("ROT", int(rot is not None)), ("SCALE", _float_bits(scale)), ("PR", int(ranges is not None)), ("EV", int(ev_))],
                   grid=(32 * merge_warps * rows, 1, 1), threadgroup=(32 * merge_warps, 1, 1),
                   output_shapes=[out_shape or (rows, D)], output_dtypes=[out_dtype])
     return out
@@ -169,7 +175,14 @@ class DecodeStep:
     `n_exact` valid tokens. A call picks the chunk size for `n` (memoised) and launches; returns [B, Hq, 1, D].
     `rows` (int32 [B·Hkv, 3], a padded batch): per (sequence, kv head) row its coded tokens [rows[:, 0], rows[:, 1]) and
     its first exact token rows[:, 2] (`DECODE_ROWS`; template PR = 1, always two dispatches); `n` is then the longest
-    coded range."""
+    coded range.
+
+    With `gpu.REPLAY_DECODE` (read when the step is prepared) a step without `rows` replays its two launches through
+    `mx.compile`: the merge reads the number of exact tokens by value (`gpu._nval`, template EV = 1), so from one step to
+    the next the graph keeps its shapes and is traced once per coded length `n` (which changes only when the window's
+    oldest tokens are encoded) instead of being built launch by launch; only layouts already launched (and checked by
+    the safety net) through the uncompiled path are traced. This cuts the host time of a step (Python and MLX's
+    per-launch work: the kernel's source is assembled on every `mx.fast.cuda_kernel` call) to one compiled call."""
     def __init__(self, name, body, inputs, tmpl, B, Hq, Hkv, D, dtype, scale, warps, target=None, fused=False, rot=None, hs=False):
         be, f32 = backend(), mx.float32
         self.B, self.Hkv, self.rep, self.D, self.rows, self.dtype, self.scale = B, Hkv, Hq // Hkv, D, B * Hq, dtype, scale
@@ -185,6 +198,8 @@ class DecodeStep:
             self.cnt = mx.zeros((B * Hkv,), mx.uint32)  # the arrival counters (reset to zero by each step's last threadgroup)
         mx.eval(*[a for a in (self.rot, self.rott, getattr(self, "cnt", None)) if a is not None])
         self.per_n, self._seen = {}, set()  # _seen: the PR variants launched once through the safety net (later: direct calls)
+        self.replay = bool(gpu.REPLAY_DECODE) and not self.fused
+        self._replay = None  # (key, mx.compile'd step) for the current coded length n (`replay`)
 
     def _launch(self, n, pr=0):
         split = decode_split(n, self.B * self.Hkv, self.target, warps=self.warps); ns = -(-n // split)
@@ -194,6 +209,17 @@ class DecodeStep:
         p = self.per_n[n, pr] = (tmpl, (32 * self.warps * ns, self.B * self.Hkv, 1), [(self.rows, ns), (self.rows, ns), (self.rows, ns, self.D)],
                                  _nref(split))  # the chunk size goes in as a shape: one compile serves every length
         return p
+
+    def _traced(self, tmpl, grid, shapes, rr):
+        """The function `mx.compile` traces for one coded length: both launches, direct (this layout passed the safety
+        net). The coded length and chunk size go in as the shapes of `nref` and `sref`, inputs: part of the trace's key."""
+        kern, f32 = self.kern.direct(), mx.float32
+        def step(inputs, queries, ek, ev, n_exact, nref, sref, sinks=None):
+            m, l, acc = kern(inputs=inputs + [nref, sref] + rr, template=tmpl, grid=grid, threadgroup=self.tg,
+                             output_shapes=shapes, output_dtypes=[f32, f32, f32])
+            return _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, gpu.MERGE_WARPS, self.dtype, n_exact,
+                                   rot=self.rot, out_shape=self.oshape, verified=True)
+        return step
 
     def __call__(self, inputs, n, queries, ek, ev, sinks=None, n_exact=None, rows=None):
         pr = int(rows is not None)
@@ -206,6 +232,14 @@ class DecodeStep:
         rr = [_no_rows() if rows is None else rows] if self.takes_rows else []
         seen = (pr, ek.dtype, ev.dtype, sinks is None, gpu.MERGE_WARPS)  # what else could change the kernels' shape class
         direct = seen in self._seen and self.kern.direct() is not None
+        if self.replay and not pr:
+            n_exact = _nval(ek.shape[2] if n_exact is None else n_exact)  # by value: the same graph serves every step
+            if direct and _merge_kernel().direct() is not None:
+                key = (n, tuple(queries.shape), tuple(ek.shape), tuple(ev.shape), ek.dtype, ev.dtype, sinks is None, gpu.MERGE_WARPS)
+                if self._replay is None or self._replay[0] != key:  # a new coded length (or layout): trace once more
+                    self._replay = None  # the previous trace's cache entry goes with its function
+                    self._replay = (key, mx.compile(self._traced(tmpl, grid, shapes, rr)))
+                return self._replay[1](inputs, queries, ek, ev, n_exact, _nref(n), sref, *([] if sinks is None else [sinks]))
         m, l, acc = (self.kern._kern if direct else self.kern)(inputs=inputs + [_nref(n), sref] + rr, template=tmpl, grid=grid,
                               threadgroup=self.tg, output_shapes=shapes, output_dtypes=[mx.float32, mx.float32, mx.float32])
         out = _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, gpu.MERGE_WARPS, self.dtype, n_exact,
@@ -239,11 +273,12 @@ def decode_hook(supported, plan, arrays, rotation=None):
         return run
     return hook
 
+# eref: uint8 as launched with EV = 0 (only its shape is read); with EV = 1 it is a one-element int32 array (`gpu._nval`)
 DECODE_MERGE_CU_TYPES = dict(inputs=[("pm", "float32"), ("pl", "float32"), ("pacc", "float32"), ("q", "OT"),
                                      ("ek", "OT"), ("ev", "OT"), ("sinks", "float32"), ("eref", "uint8"), ("rot", "float32"),
                                      ("rr", "int32")],
                              outputs=[("out", "OT")])
-register_kernel("decode_merge", DECODE_MERGE_BODY, DECODE_MERGE_CU_TYPES, dict(D=128, REP=4, NW=4, OT="float16", HS=0, ROT=0, SCALE=_float_bits(128 ** -0.5), PR=0),
-                [dict(D=64, REP=3, NW=2, OT="float32", HS=1, ROT=1, SCALE=_float_bits(0.125), PR=1),
-                 dict(D=128, REP=8, NW=8, OT="bfloat16", HS=1, ROT=0, SCALE=_float_bits(1.0), PR=0),
-                 dict(D=128, REP=4, NW=4, OT="float16", HS=0, ROT=1, SCALE=_float_bits(128 ** -0.5), PR=1)])
+register_kernel("decode_merge", DECODE_MERGE_BODY, DECODE_MERGE_CU_TYPES, dict(D=128, REP=4, NW=4, OT="float16", HS=0, ROT=0, SCALE=_float_bits(128 ** -0.5), PR=0, EV=0),
+                [dict(D=64, REP=3, NW=2, OT="float32", HS=1, ROT=1, SCALE=_float_bits(0.125), PR=1, EV=0),
+                 dict(D=128, REP=8, NW=8, OT="bfloat16", HS=1, ROT=0, SCALE=_float_bits(1.0), PR=0, EV=1),
+                 dict(D=128, REP=4, NW=4, OT="float16", HS=0, ROT=1, SCALE=_float_bits(128 ** -0.5), PR=1, EV=0)])

@@ -1,0 +1,55 @@
+"""The decode step replayed through `mx.compile` (`gpu.REPLAY_DECODE`, `gpu_decode.DecodeStep`), checked on a machine
+without a GPU: `tests/fake_cuda.py` stands in for MLX's CUDA back-end (in a subprocess, as it patches MLX). Its launches
+are not the kernels' results, but each output depends on every input's values and on the number of exact tokens the merge
+reads (by shape, or by value with EV = 1), so the compiled replay must give, step by step, what the same launches give
+launch by launch; a replay that kept a traced length or input would differ. The real kernels' parity is
+`tests/test_fast_path.py::test_replayed_decode_matches` (GPU). (Not to be confused with `tests/test_compiled_decode.py`:
+the CPU path of codecs without a kernel, `cache.compiled_decode_attention`.)"""
+import json, pathlib, subprocess, sys
+
+SCRIPT = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import fake_cuda; fake_cuda.install()
+import mlx.core as mx
+import veloxquant, veloxquant.gpu as gpu
+from veloxquant.core import parse_method
+from mlx_lm.models import base
+assert gpu.backend() == "cuda"
+H, rep, D, steps, res = 8, 4, 128, 150, []
+for spec in ["affine:key_bits=4,value_bits=4", "turboquant:key_bits=3,value_bits=3"]:
+    for B, with_sinks in [(1, False), (2, True)]:
+        outs, launches, lengths = {}, {}, set()
+        for comp in (False, True):
+            gpu.REPLAY_DECODE = comp; fake_cuda.LAUNCHES.clear()
+            c = parse_method(spec).make_cache(); mx.random.seed(3); o = []
+            sk = mx.random.normal((H * rep,)).astype(mx.float16) if with_sinks else None
+            for T in [300] + [1] * steps:
+                k, v, q = (mx.random.normal(s).astype(mx.float16) for s in ((B, H, T, D), (B, H, T, D), (B, H * rep, T, D)))
+                kk, vv = c.update_and_fetch(k, v)
+                o.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=D ** -0.5, mask="causal" if T > 1 else None, sinks=sk))
+                mx.eval(o[-1]); lengths.add(c.k_store.length)
+            outs[comp] = o[1:]; launches["on" if comp else "off"] = {k: v for k, v in fake_cuda.LAUNCHES.items() if "append" not in k}
+            assert c._fused() is not None and gpu.kernel_failed("vq_decode_merge") is False
+        diff = max(float(mx.abs(x.astype(mx.float32) - y.astype(mx.float32)).max()) for x, y in zip(outs[False], outs[True]))
+        distinct = len({round(float(x.astype(mx.float32).sum()), 3) for x in outs[True]})
+        res.append(dict(spec=spec, B=B, sinks=with_sinks, diff=diff, distinct=distinct, launches=launches, coded_lengths=len(lengths)))
+print(json.dumps(res))
+'''
+
+def test_replay_matches_launch_by_launch():
+    tests = pathlib.Path(__file__).parent
+    p = subprocess.run([sys.executable, "-c", SCRIPT, str(tests)], capture_output=True, text=True, timeout=900, cwd=tests.parent)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(res) == 4
+    for r in res:
+        what = f"{r['spec']} B={r['B']} sinks={r['sinks']}"
+        assert r["diff"] == 0.0, f"{what}: the compiled replay differs from launch-by-launch by {r['diff']}"
+        assert r["distinct"] > 100, f"{what}: outputs hardly change from step to step ({r['distinct']} distinct): the check sees nothing"
+        off, on = r["launches"]["off"], r["launches"]["on"]
+        assert set(off) == set(on) and len(off) == 2, f"{what}: launches {off} / {on}"
+        for name, count in off.items():
+            assert count == 150, f"{what}: {name} launched {count} times launch by launch"
+            # compiled: one uncompiled first step, then one trace per coded length (the window's encodes change it)
+            assert on[name] <= r["coded_lengths"] + 1, f"{what}: {name} launched {on[name]} times with the compiled replay"
