@@ -202,17 +202,19 @@ def test_one_dispatch_matches_two(spec, B, with_sinks):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", ["affine:key_bits=4,value_bits=4,window=16", "turboquant:key_bits=3,value_bits=3,window=16"])
+@pytest.mark.parametrize("spec", ["affine:key_bits=4,value_bits=4,window=16", "turboquant:key_bits=3,value_bits=3,window=16",
+                                  "polar:window=16", "kivi:window=16"])
 @pytest.mark.parametrize("B,with_sinks", [(1, False), (3, True)])
 def test_replayed_decode_matches(spec, B, with_sinks, monkeypatch):
     """On a GPU: the decode step replayed through `mx.compile` (`gpu.REPLAY_DECODE`; the merge reads the number of exact
     tokens by value) equals its launches one by one, over steps that change the coded length (window 16), and it was
-    replayed: traced once per coded length, not once per step."""
+    replayed: traced once per coded length, not once per step. affine and turboquant replay their `DecodeStep`, polar and
+    kivi the generic coded path (`tiles.coded_decode`)."""
     import veloxquant.gpu as gpu
     import veloxquant.gpu_decode as gd
     H, rep, D, steps = 8, 4, 128, 60
-    traced, orig = [], gd.DecodeStep._traced
-    monkeypatch.setattr(gd.DecodeStep, "_traced", lambda self, *a: traced.append(1) or orig(self, *a))
+    traced, orig = [], mx.compile  # the replays' traced functions are named `step` (other compiled pieces are not counted)
+    monkeypatch.setattr(mx, "compile", lambda f, *a, **kw: (traced.append(1) if getattr(f, "__name__", "") == "step" else None) or orig(f, *a, **kw))
     outs, lengths = {}, set()
     for comp in (True, False):
         monkeypatch.setattr(gpu, "REPLAY_DECODE", comp)
@@ -227,3 +229,22 @@ def test_replayed_decode_matches(spec, B, with_sinks, monkeypatch):
     assert 1 <= len(traced) <= len(lengths), f"{len(traced)} traces for {len(lengths)} coded lengths"
     for x, y in zip(outs[True][1:], outs[False][1:]):
         np.testing.assert_allclose(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)), atol=1e-3, rtol=1e-3)
+
+
+def test_window_buffer_keeps_its_capacity(monkeypatch):
+    """A codec that keeps more exact tokens than 2·window + 8 (kivi encodes 32-token groups: with window 16 up to 47 exact
+    tokens) gets a window buffer that grows once and keeps its capacity across encodes, instead of being reallocated
+    (and the window copied) at every step while the window is past 2·window + 8."""
+    allocs, orig = [], VQCache._window_alloc
+    monkeypatch.setattr(VQCache, "_window_alloc", lambda self, *a: allocs.append(a[2]) or orig(self, *a))
+    c = parse_method("kivi:window=16").make_cache(); mx.random.seed(0)
+    c.update_and_fetch(*(mx.random.normal((1, 2, 700, 64)).astype(mx.float16) for _ in "kv"))
+    caps, encodes = set(), set()
+    for _ in range(96):
+        k, v = (mx.random.normal((1, 2, 1, 64)).astype(mx.float16) for _ in "kv")
+        c.update_and_fetch(k, v); mx.eval(c._xk, c._xv)
+        caps.add(c._xk.shape[2]); encodes.add(c.k_store.length)
+        assert c._xkn <= c._xk.shape[2]
+    assert len(encodes) >= 3, encodes  # the window was encoded several times
+    assert len(caps) <= 2, f"buffer capacities {sorted(caps)}"
+    assert len(allocs) <= len(encodes) + 1, f"{len(allocs)} allocations over 96 steps and {len(encodes)} coded lengths"

@@ -266,16 +266,22 @@ class VQCache(_BaseCache):
 
     def _window_write(self, keys, values):
         """Write a decode step's float16 keys/values [B, H, T, D] after the window's tokens, in place into a preallocated
-        buffer of 2·window + 8 tokens (allocated, with the current window copied in, only after the window changed
-        otherwise: a compaction, a trim, a load)."""
+        buffer (`_window_alloc`; allocated, with the current window copied in, only after the window changed otherwise:
+        a compaction, a trim, a load — or when it is full)."""
         T, e = keys.shape[2], self._xkn
         if not self._xbuf or self._xk.shape[2] < e + T: self._window_alloc(keys.shape, values.shape, e + T)
         self._xk[:, :, e:e + T] = keys; self._xv[:, :, e:e + T] = values
         self._xkn = self._xvn = e + T
 
     def _window_alloc(self, kshape, vshape, need: int):
-        "A window buffer of max(2·window + 8, `need`) tokens [B, H, cap, D] (float16) holding the current window first."
-        e, cap = self._xkn, max(2 * self.window + 8, need)
+        """A window buffer [B, H, cap, D] (float16) holding the current window first: cap = max(2·window + 8, the previous
+        buffer's capacity) tokens, or 1.5·`need` where `need` is more (a codec that encodes in blocks, e.g. kivi's
+        token groups, keeps up to window + block − 1 exact tokens). The capacity is kept from one buffer to the next, so
+        the buffer is not reallocated at every step while the window grows, and a decode step's shapes stay the same
+        (`gpu.REPLAY_DECODE`)."""
+        base = max(2 * self.window + 8, self._xcap)
+        e, cap = self._xkn, (base if need <= base else need + need // 2)
+        self._xcap = cap
         nk = mx.zeros((*kshape[:2], cap, kshape[3]), mx.float16)
         nv = mx.zeros((*vshape[:2], cap, vshape[3]), mx.float16)
         if e: nk[:, :, :e] = self.k_exact; nv[:, :, :e] = self.v_exact
@@ -455,6 +461,7 @@ class VQCache(_BaseCache):
             mx.eval(out)  # see `prefill_sync`
         return out
 
+    _xcap = 0  # the window buffer's capacity in tokens (`_window_alloc`), kept from one buffer to the next
     cpu_step = None  # CPU decode steps of `cpu_fast` codecs through one compiled function (`_CpuStep`): None/True = there, False = never
     cpu_kernel = None  # ... and through the native kernel (`veloxquant.cpu`) where both codecs give a `cpu_layout` and numba is installed: None/True = there, False = never
 

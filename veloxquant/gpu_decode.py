@@ -181,7 +181,8 @@ class DecodeStep:
     `mx.compile`: the merge reads the number of exact tokens by value (`gpu._nval`, template EV = 1), so from one step to
     the next the graph keeps its shapes and is traced once per coded length `n` (which changes only when the window's
     oldest tokens are encoded) instead of being built launch by launch; only layouts already launched (and checked by
-    the safety net) through the uncompiled path are traced. This cuts the host time of a step (Python and MLX's
+    the safety net) through the uncompiled path are traced, and only where `n_exact` is given (a preallocated window
+    buffer; exact arrays that grow would change the shapes every step). This cuts the host time of a step (Python and MLX's
     per-launch work: the kernel's source is assembled on every `mx.fast.cuda_kernel` call) to one compiled call."""
     def __init__(self, name, body, inputs, tmpl, B, Hq, Hkv, D, dtype, scale, warps, target=None, fused=False, rot=None, hs=False):
         be, f32 = backend(), mx.float32
@@ -232,8 +233,8 @@ class DecodeStep:
         rr = [_no_rows() if rows is None else rows] if self.takes_rows else []
         seen = (pr, ek.dtype, ev.dtype, sinks is None, gpu.MERGE_WARPS)  # what else could change the kernels' shape class
         direct = seen in self._seen and self.kern.direct() is not None
-        if self.replay and not pr:
-            n_exact = _nval(ek.shape[2] if n_exact is None else n_exact)  # by value: the same graph serves every step
+        if self.replay and not pr and n_exact is not None:  # a preallocated window buffer: its shape stays from step to step
+            n_exact = _nval(n_exact)  # by value: the same graph serves every step
             if direct and _merge_kernel().direct() is not None:
                 key = (n, tuple(queries.shape), tuple(ek.shape), tuple(ev.shape), ek.dtype, ev.dtype, sinks is None, gpu.MERGE_WARPS)
                 if self._replay is None or self._replay[0] != key:  # a new coded length (or layout): trace once more

@@ -321,14 +321,25 @@ def coded_supported(rk: TileReader, rv: TileReader, rep: int) -> bool:
 
 _CODED_PLANS: dict = {}  # (reader pair, B·Hkv, n, warps, target) -> (split, chunks): a step's launch shape, once per length
 
+def _coded_plan(k, BH: int, n: int):
+    "(chunk size, number of chunks) of the coded partials over `n` tokens of `BH` rows for readers `k` (memoised)."
+    pk = (k, BH, n, CODED_WARPS, CODED_TARGET_GROUPS)
+    p = _CODED_PLANS.get(pk)
+    if p is None:
+        if len(_CODED_PLANS) > 1024: _CODED_PLANS.clear()
+        split = gpu.decode_split(n, BH, CODED_TARGET_GROUPS, warps=CODED_WARPS); p = _CODED_PLANS[pk] = (split, -(-n // split))
+    return p
+
 def coded_partials(qt: mx.array, rk: TileReader, rv: TileReader, k_arrays: dict, v_arrays: dict, n: int, rep: int,
-                   verified: bool = False):
+                   verified: bool = False, lengths=None):
     """Chunk partials of one decode step over the first `n` tokens of a cache's stores, each token's key and value decoded
     in registers by the readers (no tile in memory; one launch for the whole history): `qt` float32 [ROWS, DK] the
     queries in the key domain times scale·log2(e), rows = (batch · kv head) · rep + r; `k_arrays` / `v_arrays` the
     stores' arrays [B, Hkv, CAP, ...]. Returns `m`, `l` [ROWS, NS], `acc` [ROWS, NS, DV] float32 as `tile_partials`.
     Raises `gpu.KernelFailed` where the kernel cannot run (the caller falls back); GPU back-ends only. `verified`: this
-    layout was launched through the safety net before by this cache (`coded_decode`): the kernel is called without the per-call check."""
+    layout was launched through the safety net before by this cache (`coded_decode`): the kernel is called without the per-call check.
+    `lengths`: (nref, sref), arrays of shapes [n] and [chunk size] (`_coded_plan`); default `gpu._nref`'s cached ones. A
+    replay traced by `mx.compile` passes its own inputs, so that both are part of the trace's key."""
     k = (rk.name, rv.name)
     c = _CODED.get(k)
     if c is None:
@@ -338,16 +349,11 @@ def coded_partials(qt: mx.array, rk: TileReader, rv: TileReader, k_arrays: dict,
     a0 = k_arrays[next(iter(rk.fields))]
     BH = a0.shape[0] * a0.shape[1]
     NW, U = CODED_WARPS, CODED_TOKENS
-    pk = (k, BH, n, NW, CODED_TARGET_GROUPS)
-    p = _CODED_PLANS.get(pk)
-    if p is None:
-        if len(_CODED_PLANS) > 1024: _CODED_PLANS.clear()
-        split = gpu.decode_split(n, BH, CODED_TARGET_GROUPS, warps=NW); p = _CODED_PLANS[pk] = (split, -(-n // split))
-    split, ns = p
+    split, ns = _coded_plan(k, BH, n)
     kern = gpu._kernel(kname, body, names, tuple(gpu.DECODE_PARTIAL_OUTPUTS), gpu.backend())
     if verified and kern.direct() is not None: kern = kern.direct()
     rows = BH * rep
-    return kern(inputs=[qt, *rk.inputs(k_arrays), *rv.inputs(v_arrays), gpu._nref(n), gpu._nref(split)],
+    return kern(inputs=[qt, *rk.inputs(k_arrays), *rv.inputs(v_arrays), *(lengths or (gpu._nref(n), gpu._nref(split)))],
                 template=[("DK", rk.dims), ("DV", rv.dims), ("REP", rep), ("NW", NW), ("U", U)],
                 grid=(32 * NW * ns, BH, 1), threadgroup=(32 * NW, 1, 1),
                 output_shapes=[(rows, ns), (rows, ns), (rows, ns, rv.dims)], output_dtypes=[mx.float32] * 3)
@@ -375,15 +381,16 @@ def coded_decode(kc, vc, queries, k_arrays: dict, v_arrays: dict, n: int, ek, ev
     `tile_reader()`s decoded inside the partials kernel (`coded_partials`), then the merge with the exact tokens `ek`, `ev`
     [B, Hkv, E, D] (first `n_exact` count), the sink logits [Hq] and the value codec's `value_map`, as `tiled_decode`.
     `queries` [B, Hq, 1, D]; returns [B, Hq, 1, D] in their dtype, or None where it does not apply (no GPU back-end, a
-    codec without a reader, dims or rows the kernel does not take). Raises `gpu.KernelFailed` where a kernel cannot run."""
+    codec without a reader, dims or rows the kernel does not take). Raises `gpu.KernelFailed` where a kernel cannot run.
+    With `gpu.REPLAY_DECODE`, a layout this cache has launched before replays the step (query map, partials, merge)
+    through `mx.compile`, traced once per coded length `n`, as `gpu_decode.DecodeStep` does; only where `n_exact` is given
+    (the exact tokens in a preallocated buffer, whose shape stays: exact arrays that grow would be traced every step)."""
     if gpu.backend() is None: return None
     rk, rv = _reader(kc), _reader(vc)
     B, Hq, L, D = queries.shape; Hkv = ek.shape[1]
     if rk is None or rv is None or L != 1 or Hq % Hkv or not coded_supported(rk, rv, Hq // Hkv) or n < 1: return None
     rep = Hq // Hkv
     fns = _tile_fns(kc, vc, key, mx.float16)
-    qt = fns.prep(queries, Hkv, float(scale) * _LOG2E)
-    if qt.shape[-1] != rk.dims or ev.shape[-1] != D: return None
     dt = queries.dtype
     # everything the two launches' shape classes (`gpu._shape_class`) depend on: the readers fix the partials' template
     # and input dtypes as declared; the stores' actual dtypes (a state loaded from elsewhere) are part of it too; the
@@ -393,6 +400,24 @@ def coded_decode(kc, vc, queries, k_arrays: dict, v_arrays: dict, n: int, ek, ev
               *(a.dtype for a in v_arrays.values()))
     done = kc.__dict__.setdefault("_coded_seen", set())  # per cache (as `DecodeStep`): a new cache probes its first step again
     seen = layout in done
+    if gpu.REPLAY_DECODE and n_exact is not None:  # a preallocated window buffer (its shape stays from step to step)
+        n_exact = gpu._nval(n_exact)  # by value (merge template EV = 1): one graph per coded length
+        c = _CODED.get((rk.name, rv.name))  # (name, body, input names) of the partials kernel, once it was launched
+        k_kern = gpu._kernel(*c, tuple(gpu.DECODE_PARTIAL_OUTPUTS), gpu.backend()) if c else None
+        if seen and k_kern is not None and k_kern.direct() is not None and gpu_decode._merge_kernel().direct() is not None:
+            r, rkey = kc.__dict__.get("_coded_replay"), (layout, n, queries.shape, ek.shape, ev.shape)
+            if r is None or r[0] != rkey:  # a new coded length (or layout): trace once more, the previous trace goes
+                kc.__dict__["_coded_replay"] = None
+                def step(q, ka, va, ek_, ev_, ne, nref, sref, sk=None):
+                    m, l, acc = coded_partials(fns.prep(q, Hkv, float(scale) * _LOG2E), rk, rv, ka, va, nref.shape[0], rep,
+                                               verified=True, lengths=(nref, sref))
+                    return gpu_decode._merge_partials(m, l, acc, q, ek_.astype(dt), ev_.astype(dt), sk, scale, rep, gpu.MERGE_WARPS, dt,
+                                                      ne, rot=fns.rot, out_shape=(B, Hq, 1, D), verified=True)
+                r = kc.__dict__["_coded_replay"] = (rkey, mx.compile(step))
+            split = _coded_plan((rk.name, rv.name), B * Hkv, n)[0]
+            return r[1](queries, k_arrays, v_arrays, ek, ev, n_exact, gpu._nref(n), gpu._nref(split), *([] if sinks is None else [sinks]))
+    qt = fns.prep(queries, Hkv, float(scale) * _LOG2E)
+    if qt.shape[-1] != rk.dims or ev.shape[-1] != D: return None
     m, l, acc = coded_partials(qt, rk, rv, k_arrays, v_arrays, n, rep, verified=seen)
     out = gpu_decode._merge_partials(m, l, acc, queries, ek.astype(dt), ev.astype(dt), sinks, scale, rep, gpu.MERGE_WARPS, dt,
                                      n_exact, rot=fns.rot, out_shape=(B, Hq, 1, D), verified=seen)
