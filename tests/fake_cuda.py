@@ -1,7 +1,7 @@
 """A stand-in for MLX's CUDA back-end on a machine without one, for tests and host-time measurements of veloxquant's GPU
 code path: `install()` makes `mx.cuda.is_available()` say True and replaces `mx.fast.cuda_kernel` with launches computed by
 MLX operations on the CPU. Their outputs are not the kernels' results: each output is a value that depends on every
-input's values (means) and shapes, and the decode merge's on the number of exact tokens it reads, `eref`'s shape or, with
+input's values (means) and shapes, on the launch's template values, grid, threadgroup and output shapes, and the decode merge's on the number of exact tokens it reads, `eref`'s shape or, with
 template EV = 1, `eref[0]`, over the first E positions of the exact keys/values only. Two paths that launch the same
 kernels on the same inputs (e.g. compiled replay and launch-by-launch) therefore give the same outputs, and a stale length
 or input shows. `LAUNCHES` counts the Python calls of each kernel by name (a compiled replay makes none). Import and
@@ -29,11 +29,16 @@ def _fake_cuda_kernel(name, input_names, output_names, source, header="", **_):
     def launch(*, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None, init_value=None, **__):
         LAUNCHES[name] += 1
         t = dict(template or [])
-        if name == "vq_decode_merge": return _merge(inputs, output_shapes[0], output_dtypes[0], t)
+        # the launch's settings (template values but EV, which only says how E is read: the count itself is in the merge's
+        # output; grid, threadgroup, output shapes) as a number in [0, 1): a replay that launched with other settings than
+        # the same step launch by launch would differ
+        tag = (hash(repr((sorted((k, str(v)) for k, v in t.items() if k != "EV"), tuple(grid), tuple(threadgroup),
+                          [tuple(x) for x in output_shapes]))) % 9973) / 9973
+        if name == "vq_decode_merge": return [o + tag for o in _merge(inputs, output_shapes[0], output_dtypes[0], t)]
         named = dict(zip(input_names, inputs))
         n = named["nref"].shape[0] if "nref" in named else None  # a decode kernel's coded length: slots past it are not data
         arrays = [x[:, :, :n] if n is not None and x.ndim == 4 and x.shape[2] >= n else x for x in inputs if isinstance(x, mx.array)]
-        sig = sum((_finite(x).mean() for x in arrays if x.size), mx.array(0.0)) + 1e-7 * sum(x.size for x in arrays)
+        sig = sum((_finite(x).mean() for x in arrays if x.size), mx.array(0.0)) + 1e-7 * sum(x.size for x in arrays) + tag
         return [mx.broadcast_to(sig * (i + 1), s).astype(d) for i, (s, d) in enumerate(zip(output_shapes, output_dtypes))]
     return launch
 

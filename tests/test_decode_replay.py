@@ -57,3 +57,19 @@ def test_replay_matches_launch_by_launch():
             assert count == 150, f"{what}: {name} launched {count} times launch by launch"
             # compiled: one uncompiled first step, then one trace per coded length (the window's encodes change it)
             assert on[name] <= r["coded_lengths"] + 1, f"{what}: {name} launched {on[name]} times with the compiled replay"
+
+
+def test_a_dropped_trace_is_not_replayed():
+    """The replays drop the previous coded length's compiled function before tracing the next one, whose closure may get
+    the freed function's id; `mx.compile` keys its traces by that id, so they rely on MLX erasing a dropped function's
+    traces (a stale trace would replay the old length)."""
+    import mlx.core as mx
+    x, ids, reused, stale, holder = mx.ones((4,)), set(), 0, 0, None
+    for i in range(200):
+        def step(a, i=i): return a * i
+        holder = None  # as `DecodeStep` / `coded_decode` do
+        holder = mx.compile(step)
+        reused += id(step) in ids; ids.add(id(step)); del step
+        stale += float(holder(x)[0]) != i
+    assert stale == 0, f"{stale} of 200 calls replayed a dropped function's trace"
+    assert reused > 0, "no function id was reused: the check saw nothing"

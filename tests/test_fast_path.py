@@ -227,8 +227,8 @@ def test_replayed_decode_matches(spec, B, with_sinks, monkeypatch):
             mx.eval(o[-1]); lengths.add(c.k_store.length)
         outs[comp] = o
     assert 1 <= len(traced) <= len(lengths), f"{len(traced)} traces for {len(lengths)} coded lengths"
-    for x, y in zip(outs[True][1:], outs[False][1:]):
-        np.testing.assert_allclose(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)), atol=1e-3, rtol=1e-3)
+    for x, y in zip(outs[True][1:], outs[False][1:]):  # the same kernels on the same inputs: equal, not close (an extra
+        np.testing.assert_array_equal(np.array(x), np.array(y))  # exact token read would change the output by ~1e-4)
 
 
 def test_window_buffer_keeps_its_capacity(monkeypatch):

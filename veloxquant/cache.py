@@ -241,7 +241,7 @@ class VQCache(_BaseCache):
         self.offset, self.dims = 0, None
         self.k_codec = self.v_codec = None
         self.k_store, self.v_store = TokenStore(), TokenStore()
-        self._xk = self._xv = None; self._xkn = self._xvn = 0; self._xbuf = False  # fp16 window (see `k_exact`)
+        self._xk = self._xv = None; self._xkn = self._xvn = 0; self._xbuf = False; self._xcap = 0  # fp16 window (`k_exact`, `_window_alloc`)
         self.pending = None                # current step's exact (keys, values) in the model dtype
         self._in_window = False            # this step's tokens were written into the window buffer (not `pending`)
         self._fused_memo = (None, None)    # (fused_decode, its function for these codecs)
@@ -265,23 +265,21 @@ class VQCache(_BaseCache):
         if self._xbuf: self._xk, self._xv, self._xbuf = self._xk[:, :, :self._xkn], self._xv[:, :, :self._xvn], False
 
     def _window_write(self, keys, values):
-        """Write a decode step's float16 keys/values [B, H, T, D] after the window's tokens, in place into a preallocated
-        buffer (`_window_alloc`; allocated, with the current window copied in, only after the window changed otherwise:
-        a compaction, a trim, a load — or when it is full)."""
+        """Write a decode step's float16 keys/values [B, H, T, D] after the window's tokens, in place into a preallocated buffer
+        (`_window_alloc`: made, the current window copied in, after a compaction, a trim or a load, or when it is full)."""
         T, e = keys.shape[2], self._xkn
         if not self._xbuf or self._xk.shape[2] < e + T: self._window_alloc(keys.shape, values.shape, e + T)
         self._xk[:, :, e:e + T] = keys; self._xv[:, :, e:e + T] = values
         self._xkn = self._xvn = e + T
 
     def _window_alloc(self, kshape, vshape, need: int):
-        """A window buffer [B, H, cap, D] (float16) holding the current window first: cap = max(2·window + 8, the previous
-        buffer's capacity) tokens, or 1.5·`need` where `need` is more (a codec that encodes in blocks, e.g. kivi's
-        token groups, keeps up to window + block − 1 exact tokens). The capacity is kept from one buffer to the next, so
-        the buffer is not reallocated at every step while the window grows, and a decode step's shapes stay the same
-        (`gpu.REPLAY_DECODE`)."""
-        base = max(2 * self.window + 8, self._xcap)
-        e, cap = self._xkn, (base if need <= base else need + need // 2)
-        self._xcap = cap
+        """A window buffer [B, H, cap, D] (float16) holding the current window first: cap = 2·window + 8 or, up to bound =
+        2·window + token_group + 8 (`code_target` leaves fewer exact tokens; e.g. kivi's 32-token groups), growing by half and
+        kept across buffers (no copy per step; shapes stay: `gpu.REPLAY_DECODE`); past the bound (a tail without limit) `need`."""
+        W, g = self.window, self._group() if self.k_codec is not None else 1
+        base = max(2 * W + 8, min(self._xcap, bound := 2 * W + g + 8))
+        e, cap = self._xkn, (base if need <= base else min(bound, need + need // 2) if need <= bound else need)
+        self._xcap = min(cap, bound)
         nk = mx.zeros((*kshape[:2], cap, kshape[3]), mx.float16)
         nv = mx.zeros((*vshape[:2], cap, vshape[3]), mx.float16)
         if e: nk[:, :, :e] = self.k_exact; nv[:, :, :e] = self.v_exact
@@ -461,7 +459,6 @@ class VQCache(_BaseCache):
             mx.eval(out)  # see `prefill_sync`
         return out
 
-    _xcap = 0  # the window buffer's capacity in tokens (`_window_alloc`), kept from one buffer to the next
     cpu_step = None  # CPU decode steps of `cpu_fast` codecs through one compiled function (`_CpuStep`): None/True = there, False = never
     cpu_kernel = None  # ... and through the native kernel (`veloxquant.cpu`) where both codecs give a `cpu_layout` and numba is installed: None/True = there, False = never
 

@@ -428,6 +428,15 @@ def _nref(n: int) -> mx.array:
         a = _NREFS[n] = _length_buffer(1 << max(10, (n - 1).bit_length()))[:n]
     return a
 
+_REPLAY_WARNED: set = set()
+
+def _warn_replay(name: str, e: Exception):
+    "Warn once per kernel that a decode step's replay through `mx.compile` (`REPLAY_DECODE`) failed: it launches step by step."
+    if name in _REPLAY_WARNED: return
+    _REPLAY_WARNED.add(name)
+    warnings.warn(f"veloxquant: the replay of {name}'s decode step through mx.compile failed ({type(e).__name__}: {str(e)[:300]}); "
+                  "that cache launches its decode steps one by one", RuntimeWarning, stacklevel=3)
+
 @lru_cache(maxsize=None)
 def _iota_buffer(size: int):
     z = mx.arange(size, dtype=mx.int32); mx.eval(z); return z

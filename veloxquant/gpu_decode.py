@@ -231,16 +231,20 @@ class DecodeStep:
                               output_dtypes=[mx.float32, mx.float32, mx.float32, self.dtype])[3]
         if rows is not None and not self.takes_rows: raise ValueError(f"decode kernel vq_{self.kern.name} takes no per-row ranges")
         rr = [_no_rows() if rows is None else rows] if self.takes_rows else []
-        seen = (pr, ek.dtype, ev.dtype, sinks is None, gpu.MERGE_WARPS)  # what else could change the kernels' shape class
+        seen = (pr, ek.dtype, ev.dtype, sinks is None, gpu.MERGE_WARPS, n_exact is None)  # what else could change the kernels' shape class (n_exact given: EV with `replay`)
         direct = seen in self._seen and self.kern.direct() is not None
         if self.replay and not pr and n_exact is not None:  # a preallocated window buffer: its shape stays from step to step
             n_exact = _nval(n_exact)  # by value: the same graph serves every step
             if direct and _merge_kernel().direct() is not None:
                 key = (n, tuple(queries.shape), tuple(ek.shape), tuple(ev.shape), ek.dtype, ev.dtype, sinks is None, gpu.MERGE_WARPS)
-                if self._replay is None or self._replay[0] != key:  # a new coded length (or layout): trace once more
-                    self._replay = None  # the previous trace's cache entry goes with its function
-                    self._replay = (key, mx.compile(self._traced(tmpl, grid, shapes, rr)))
-                return self._replay[1](inputs, queries, ek, ev, n_exact, _nref(n), sref, *([] if sinks is None else [sinks]))
+                try:
+                    if self._replay is None or self._replay[0] != key:  # a new coded length (or layout): trace once more
+                        self._replay = None  # the previous trace's cache entry goes with its function
+                        self._replay = (key, mx.compile(self._traced(tmpl, grid, shapes, rr)))
+                    return self._replay[1](inputs, queries, ek, ev, n_exact, _nref(n), sref, *([] if sinks is None else [sinks]))
+                except Exception as e:  # a trace that fails: this step (and the later ones) launch by launch
+                    self.replay, self._replay = False, None
+                    gpu._warn_replay(f"vq_{self.kern.name}", e)
         m, l, acc = (self.kern._kern if direct else self.kern)(inputs=inputs + [_nref(n), sref] + rr, template=tmpl, grid=grid,
                               threadgroup=self.tg, output_shapes=shapes, output_dtypes=[mx.float32, mx.float32, mx.float32])
         out = _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, gpu.MERGE_WARPS, self.dtype, n_exact,

@@ -399,23 +399,29 @@ def coded_decode(kc, vc, queries, k_arrays: dict, v_arrays: dict, n: int, ek, ev
               CODED_WARPS, CODED_TOKENS, gpu.MERGE_WARPS, *(a.dtype for a in k_arrays.values()),
               *(a.dtype for a in v_arrays.values()))
     done = kc.__dict__.setdefault("_coded_seen", set())  # per cache (as `DecodeStep`): a new cache probes its first step again
+    replay = kc.__dict__.setdefault("_coded_replay_on", gpu.REPLAY_DECODE)  # read once per cache, as `DecodeStep` does
+    layout = layout + (n_exact is None, replay)  # n_exact given: the merge's template EV with the replay
     seen = layout in done
-    if gpu.REPLAY_DECODE and n_exact is not None:  # a preallocated window buffer (its shape stays from step to step)
+    if replay and n_exact is not None:  # a preallocated window buffer (its shape stays from step to step)
         n_exact = gpu._nval(n_exact)  # by value (merge template EV = 1): one graph per coded length
         c = _CODED.get((rk.name, rv.name))  # (name, body, input names) of the partials kernel, once it was launched
         k_kern = gpu._kernel(*c, tuple(gpu.DECODE_PARTIAL_OUTPUTS), gpu.backend()) if c else None
         if seen and k_kern is not None and k_kern.direct() is not None and gpu_decode._merge_kernel().direct() is not None:
             r, rkey = kc.__dict__.get("_coded_replay"), (layout, n, queries.shape, ek.shape, ev.shape)
-            if r is None or r[0] != rkey:  # a new coded length (or layout): trace once more, the previous trace goes
-                kc.__dict__["_coded_replay"] = None
-                def step(q, ka, va, ek_, ev_, ne, nref, sref, sk=None):
-                    m, l, acc = coded_partials(fns.prep(q, Hkv, float(scale) * _LOG2E), rk, rv, ka, va, nref.shape[0], rep,
-                                               verified=True, lengths=(nref, sref))
-                    return gpu_decode._merge_partials(m, l, acc, q, ek_.astype(dt), ev_.astype(dt), sk, scale, rep, gpu.MERGE_WARPS, dt,
-                                                      ne, rot=fns.rot, out_shape=(B, Hq, 1, D), verified=True)
-                r = kc.__dict__["_coded_replay"] = (rkey, mx.compile(step))
-            split = _coded_plan((rk.name, rv.name), B * Hkv, n)[0]
-            return r[1](queries, k_arrays, v_arrays, ek, ev, n_exact, gpu._nref(n), gpu._nref(split), *([] if sinks is None else [sinks]))
+            try:
+                if r is None or r[0] != rkey:  # a new coded length (or layout): trace once more, the previous trace goes
+                    kc.__dict__["_coded_replay"] = None
+                    def step(q, ka, va, ek_, ev_, ne, nref, sref, sk=None):
+                        m, l, acc = coded_partials(fns.prep(q, Hkv, float(scale) * _LOG2E), rk, rv, ka, va, nref.shape[0], rep,
+                                                   verified=True, lengths=(nref, sref))
+                        return gpu_decode._merge_partials(m, l, acc, q, ek_.astype(dt), ev_.astype(dt), sk, scale, rep, gpu.MERGE_WARPS, dt,
+                                                          ne, rot=fns.rot, out_shape=(B, Hq, 1, D), verified=True)
+                    r = kc.__dict__["_coded_replay"] = (rkey, mx.compile(step))
+                split = _coded_plan((rk.name, rv.name), B * Hkv, n)[0]
+                return r[1](queries, k_arrays, v_arrays, ek, ev, n_exact, gpu._nref(n), gpu._nref(split), *([] if sinks is None else [sinks]))
+            except Exception as e:  # a trace that fails: this cache launches step by step from now on
+                kc.__dict__["_coded_replay_on"], kc.__dict__["_coded_replay"] = False, None
+                gpu._warn_replay(f"vq_coded_{rk.name}_{rv.name}", e)
     qt = fns.prep(queries, Hkv, float(scale) * _LOG2E)
     if qt.shape[-1] != rk.dims or ev.shape[-1] != D: return None
     m, l, acc = coded_partials(qt, rk, rv, k_arrays, v_arrays, n, rep, verified=seen)

@@ -354,7 +354,7 @@ METHOD = register_method("turboquant", TurboQuantConfig, _make,
 TQ_TABLE_COPIES = 1  # template LC of TQ_MMA_DECODE_BODY: codebook-pair table copies in threadgroup memory (1: one shared table;
 # 32, a copy per lane, compiles for sm_90, not yet run on a GPU: `scripts/tq_switch_ab.py --switch lc`). TQ_FWHT_QUERIES (template HAD): where
 # the key rotation is diag(s) H (`rotation='hadamard'`, D a power of two) the kernel rotates the queries by log2 D butterfly
-# stages instead of reading R's D² floats per threadgroup (64 KB at D = 128). Off until its GPU parity and timing have run.
+# stages instead of reading R's D² floats per threadgroup (64 KB at D = 128). Off: GPU parity passed, no gain (tq_fwht_ab_h100_s24.json).
 TQ_FWHT_QUERIES, _HAD_CACHE = False, {}
 def _had(R) -> int:
     "Template HAD for the key rotation `R` (`TQ_FWHT_QUERIES` and `quant.hadamard_signs`, checked once per array)."
