@@ -6,7 +6,7 @@ template EV = 1, `eref[0]`, over the first E positions of the exact keys/values 
 kernels on the same inputs (e.g. compiled replay and launch-by-launch) therefore give the same outputs, and a stale length
 or input shows. `LAUNCHES` counts the Python calls of each kernel by name (a compiled replay makes none). Import and
 install before importing veloxquant."""
-import collections
+import collections, zlib
 import mlx.core as mx
 
 LAUNCHES = collections.Counter()
@@ -32,8 +32,8 @@ def _fake_cuda_kernel(name, input_names, output_names, source, header="", **_):
         # the launch's settings (template values but EV, which only says how E is read: the count itself is in the merge's
         # output; grid, threadgroup, output shapes) as a number in [0, 1): a replay that launched with other settings than
         # the same step launch by launch would differ
-        tag = (hash(repr((sorted((k, str(v)) for k, v in t.items() if k != "EV"), tuple(grid), tuple(threadgroup),
-                          [tuple(x) for x in output_shapes]))) % 9973) / 9973
+        tag = (zlib.crc32(repr((sorted((k, str(v)) for k, v in t.items() if k != "EV"), tuple(grid), tuple(threadgroup),
+                          [tuple(x) for x in output_shapes])).encode()) % 9973) / 9973
         if name == "vq_decode_merge": return [o + tag for o in _merge(inputs, output_shapes[0], output_dtypes[0], t)]
         named = dict(zip(input_names, inputs))
         n = named["nref"].shape[0] if "nref" in named else None  # a decode kernel's coded length: slots past it are not data

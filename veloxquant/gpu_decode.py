@@ -231,10 +231,11 @@ class DecodeStep:
                               output_dtypes=[mx.float32, mx.float32, mx.float32, self.dtype])[3]
         if rows is not None and not self.takes_rows: raise ValueError(f"decode kernel vq_{self.kern.name} takes no per-row ranges")
         rr = [_no_rows() if rows is None else rows] if self.takes_rows else []
-        seen = (pr, ek.dtype, ev.dtype, sinks is None, gpu.MERGE_WARPS, n_exact is None)  # what else could change the kernels' shape class (n_exact given: EV with `replay`)
-        direct = seen in self._seen and self.kern.direct() is not None
         if self.replay and not pr and n_exact is not None:  # a preallocated window buffer: its shape stays from step to step
-            n_exact = _nval(n_exact)  # by value: the same graph serves every step
+            n_exact = _nval(n_exact)  # by value (the merge's template EV): the same graph serves every step
+        seen = (pr, ek.dtype, ev.dtype, sinks is None, gpu.MERGE_WARPS, n_exact is None, isinstance(n_exact, mx.array))  # what else could change the kernels' shape class
+        direct = seen in self._seen and self.kern.direct() is not None
+        if self.replay and not pr and n_exact is not None:
             if direct and _merge_kernel().direct() is not None:
                 key = (n, tuple(queries.shape), tuple(ek.shape), tuple(ev.shape), ek.dtype, ev.dtype, sinks is None, gpu.MERGE_WARPS)
                 try:
@@ -244,7 +245,7 @@ class DecodeStep:
                     return self._replay[1](inputs, queries, ek, ev, n_exact, _nref(n), sref, *([] if sinks is None else [sinks]))
                 except Exception as e:  # a trace that fails: this step (and the later ones) launch by launch
                     self.replay, self._replay = False, None
-                    gpu._warn_replay(f"vq_{self.kern.name}", e)
+                    gpu._warn_replay(self.kern.name, e)
         m, l, acc = (self.kern._kern if direct else self.kern)(inputs=inputs + [_nref(n), sref] + rr, template=tmpl, grid=grid,
                               threadgroup=self.tg, output_shapes=shapes, output_dtypes=[mx.float32, mx.float32, mx.float32])
         out = _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, gpu.MERGE_WARPS, self.dtype, n_exact,
