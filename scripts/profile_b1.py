@@ -6,12 +6,15 @@ profile under `ncu --metrics gpu__time_duration.sum`.
     python scripts/profile_b1.py OUT.json --contexts 8192,32768 --specs "stock;affine:key_bits=4,value_bits=4"
 
 A spec ending in `@replay` builds its caches with `gpu.REPLAY_DECODE` on (each decode step's two launches replayed through
-`mx.compile`), e.g. --specs "stock;affine:key_bits=4,value_bits=4;affine:key_bits=4,value_bits=4@replay": the A/B in one run.
+`mx.compile`), e.g. --specs "stock;affine:key_bits=4,value_bits=4;affine:key_bits=4,value_bits=4@replay": the A/B in one run;
+`@cold`: their decode steps without the prepared launches (`DecodeStep.prepared` off: every step through the general path);
+`@bake`: prepared launches of kernels with their templates written into the source (`DecodeStep.bake`).
 """
 import argparse, json, time
 import mlx.core as mx
 import veloxquant  # noqa: F401
 from veloxquant.core import parse_method
+from veloxquant.gpu_decode import DecodeStep
 from veloxquant.builder import KVCacheBuilder
 from veloxquant.bench import STOCK, _generate_model
 from mlx_lm.models.cache import make_prompt_cache
@@ -74,13 +77,14 @@ _count(_vc.tiles, "tiled_decode"); _count(_vc.VQCache, "_fused")
 def make(spec):
     "The caches of `spec` (stock, a method spec, or one ending in @replay), their decode steps prepared by 8 steps."
     method, _, opt = spec.partition("@")
-    if opt not in ("", "replay"): raise SystemExit(f"unknown spec option @{opt} (allowed: @replay)")
+    if opt not in ("", "replay", "cold", "bake"): raise SystemExit(f"unknown spec option @{opt} (allowed: @replay, @cold, @bake)")
     gpu.REPLAY_DECODE = opt == "replay"  # read when a cache prepares its decode step (the warm-up steps)
+    DecodeStep.prepared, DecodeStep.bake = opt != "cold", opt == "bake"
     try:
         caches = make_prompt_cache(model) if method == STOCK else KVCacheBuilder.for_model(model, parse_method(method))
         fill(caches, ctx); PATHS.clear(); pipelined(caches, 8)
     finally:
-        gpu.REPLAY_DECODE = False
+        gpu.REPLAY_DECODE, DecodeStep.prepared, DecodeStep.bake = False, True, False
     return caches
 
 def describe(c):

@@ -6,7 +6,7 @@ template EV = 1, `eref[0]`, over the first E positions of the exact keys/values 
 kernels on the same inputs (e.g. compiled replay and launch-by-launch) therefore give the same outputs, and a stale length
 or input shows. `LAUNCHES` counts the Python calls of each kernel by name (a compiled replay makes none). Import and
 install before importing veloxquant."""
-import collections, zlib
+import collections, re, zlib
 import mlx.core as mx
 
 LAUNCHES = collections.Counter()
@@ -25,16 +25,28 @@ def _merge(inputs, shape, dtype, t):
     base = _finite(pm).mean() + _finite(pl).mean() + _finite(pacc).mean() + _finite(q).mean() + _finite(sinks).mean() + s + 0.01 * E
     return [mx.broadcast_to(base, shape).astype(dtype)]
 
+_DT = {"float": mx.float32, "__half": mx.float16, "__nv_bfloat16": mx.bfloat16}
+
+def _written_template(source):
+    "The template values a kernel built by `GuardedKernel.baked` has written at the top of its source, as launch values."
+    t = {}
+    for m in re.finditer(r"^  (?:constexpr (?:int|bool) (\w+) = (\w+)|using (\w+) = (\w+));$", source, flags=re.M):
+        if m.group(1): t[m.group(1)] = {"true": True, "false": False}.get(m.group(2)) if m.group(2) in ("true", "false") else int(m.group(2))
+        else: t[m.group(3)] = _DT[m.group(4)]
+    return t
+
 def _fake_cuda_kernel(name, input_names, output_names, source, header="", **_):
+    written = _written_template(source)  # a kernel with its template in the source launches as its template-passing twin
+    base = re.sub(r"_b[0-9a-f]{8}$", "", name) if written else name
     def launch(*, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None, init_value=None, **__):
         LAUNCHES[name] += 1
-        t = dict(template or [])
+        t = {**written, **dict(template or [])}
         # the launch's settings (template values but EV, which only says how E is read: the count itself is in the merge's
         # output; grid, threadgroup, output shapes) as a number in [0, 1): a replay that launched with other settings than
         # the same step launch by launch would differ
         tag = (zlib.crc32(repr((sorted((k, str(v)) for k, v in t.items() if k != "EV"), tuple(grid), tuple(threadgroup),
                           [tuple(x) for x in output_shapes])).encode()) % 9973) / 9973
-        if name == "vq_decode_merge": return [o + tag for o in _merge(inputs, output_shapes[0], output_dtypes[0], t)]
+        if base == "vq_decode_merge": return [o + tag for o in _merge(inputs, output_shapes[0], output_dtypes[0], t)]
         named = dict(zip(input_names, inputs))
         n = named["nref"].shape[0] if "nref" in named else None  # a decode kernel's coded length: slots past it are not data
         arrays = [x[:, :, :n] if n is not None and x.ndim == 4 and x.shape[2] >= n else x for x in inputs if isinstance(x, mx.array)]

@@ -3,7 +3,8 @@ without a GPU: `tests/fake_cuda.py` stands in for MLX's CUDA back-end (in a subp
 are not the kernels' results, but each output depends on every input's values and on the number of exact tokens the merge
 reads (by shape, or by value with EV = 1), so the compiled replay must give, step by step, what the same launches give
 launch by launch; a replay that kept a traced length or input would differ. The real kernels' parity is
-`tests/test_fast_path.py::test_replayed_decode_matches` (GPU). (Not to be confused with `tests/test_compiled_decode.py`:
+`tests/test_fast_path.py::test_replayed_decode_matches` (GPU). The same runs check `DecodeStep`'s prepared launches of
+a checked layout (its hot path) against its general path, step by step. (Not to be confused with `tests/test_compiled_decode.py`:
 the CPU path of codecs without a kernel, `cache.compiled_decode_attention`.)"""
 import json, pathlib, subprocess, sys
 
@@ -15,14 +16,19 @@ import mlx.core as mx
 import veloxquant, veloxquant.gpu as gpu
 from veloxquant.core import parse_method
 from mlx_lm.models import base
+import veloxquant.gpu_decode as gd
 assert gpu.backend() == "cuda"
+warm_call = gd.DecodeStep.__call__
+def cold_call(self, *a, **k):  # every step through the general path (checks, templates and lists built per step)
+    self._hot = None; return warm_call(self, *a, **k)
 H, rep, D, steps, res = 8, 4, 128, 150, []
 SPECS = sys.argv[2].split(';')
 for spec in SPECS:
     for B, with_sinks in [(1, False), (2, True)]:
         outs, launches, lengths = {}, {}, set()
-        for comp in (False, True):
-            gpu.REPLAY_DECODE = comp; fake_cuda.LAUNCHES.clear()
+        for comp in (False, True, "cold", "bake"):  # launch by launch, replayed, without the prepared launches, templates written in
+            gpu.REPLAY_DECODE = comp is True; fake_cuda.LAUNCHES.clear(); gd.DecodeStep.bake = comp == "bake"
+            gd.DecodeStep.__call__ = cold_call if comp == "cold" else warm_call
             c = parse_method(spec).make_cache(); mx.random.seed(3); o = []
             sk = mx.random.normal((H * rep,)).astype(mx.float16) if with_sinks else None
             for T in [300] + [1] * steps:
@@ -30,11 +36,13 @@ for spec in SPECS:
                 kk, vv = c.update_and_fetch(k, v)
                 o.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=D ** -0.5, mask="causal" if T > 1 else None, sinks=sk))
                 mx.eval(o[-1]); lengths.add(c.k_store.length)
-            outs[comp] = o[1:]; launches["on" if comp else "off"] = {k: v for k, v in fake_cuda.LAUNCHES.items() if "append" not in k}
+            outs[comp] = o[1:]; launches[{False: "off", True: "on"}.get(comp, comp)] = {k: v for k, v in fake_cuda.LAUNCHES.items() if "append" not in k}
             assert not gpu.FAILED, gpu.FAILED  # no kernel fell back to a reference path
         diff = max(float(mx.abs(x.astype(mx.float32) - y.astype(mx.float32)).max()) for x, y in zip(outs[False], outs[True]))
+        cold = max(float(mx.abs(x.astype(mx.float32) - y.astype(mx.float32)).max()) for x, y in zip(outs[False], outs["cold"]))
+        bake = max(float(mx.abs(x.astype(mx.float32) - y.astype(mx.float32)).max()) for x, y in zip(outs[False], outs["bake"]))
         distinct = len({round(float(x.astype(mx.float32).sum()), 3) for x in outs[True]})
-        res.append(dict(spec=spec, B=B, sinks=with_sinks, diff=diff, distinct=distinct, launches=launches, coded_lengths=len(lengths)))
+        res.append(dict(spec=spec, B=B, sinks=with_sinks, diff=diff, cold=cold, bake=bake, distinct=distinct, launches=launches, coded_lengths=len(lengths)))
 print(json.dumps(res))
 '''
 
@@ -50,9 +58,15 @@ def test_replay_matches_launch_by_launch():
     for r in res:
         what = f"{r['spec']} B={r['B']} sinks={r['sinks']}"
         assert r["diff"] == 0.0, f"{what}: the compiled replay differs from launch-by-launch by {r['diff']}"
+        assert r["cold"] == 0.0, f"{what}: the prepared launches (DecodeStep's hot path) differ from the general path by {r['cold']}"
         assert r["distinct"] > 75, f"{what}: outputs hardly change from step to step ({r['distinct']} distinct): the check sees nothing"
         off, on = r["launches"]["off"], r["launches"]["on"]
         assert set(off) == set(on) and len(off) == 2, f"{what}: launches {off} / {on}"
+        assert r["launches"]["cold"] == off, f"{what}: launches {off} with the hot path, {r['launches']['cold']} without"
+        assert r["bake"] == 0.0, f"{what}: the kernels with their templates written in differ by {r['bake']}"
+        baked = {k: v for k, v in r["launches"]["bake"].items() if k not in off}
+        if ("affine" in r["spec"] or "turboquant" in r["spec"]) and not r["sinks"]:  # `DecodeStep` without sinks: most steps baked
+            assert len(baked) == 2 and min(baked.values()) > 100, f"{what}: launches with bake {r['launches']['bake']}"
         for name, count in off.items():
             assert count == 150, f"{what}: {name} launched {count} times launch by launch"
             # compiled: one uncompiled first step, then one trace per coded length (the window's encodes change it)

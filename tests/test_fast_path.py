@@ -231,6 +231,34 @@ def test_replayed_decode_matches(spec, B, with_sinks, monkeypatch):
         np.testing.assert_array_equal(np.array(x), np.array(y))  # exact token read would change the output by ~1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["affine:key_bits=4,value_bits=4,window=16", "turboquant:key_bits=3,value_bits=3,window=16"])
+def test_prepared_and_baked_launches_match(spec, monkeypatch):
+    """On a GPU: `DecodeStep`'s prepared launches (the hot path of a checked layout), the same with the templates written into
+    the kernels' source (`DecodeStep.bake`) and the general path (`prepared` off) give equal outputs step by step, over
+    steps that change the coded length; the baked kernels were used (their probe passed, no warning)."""
+    import warnings
+    import veloxquant.gpu_decode as gd
+    H, rep, D, steps, outs = 8, 4, 128, 40, {}
+    for mode in ("cold", "prepared", "bake"):
+        monkeypatch.setattr(gd.DecodeStep, "prepared", mode != "cold"); monkeypatch.setattr(gd.DecodeStep, "bake", mode == "bake")
+        c = parse_method(spec).make_cache(); mx.random.seed(3); o = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a failed probe of the baked kernels warns
+            for T in [700] + [1] * steps:
+                k, v, q = (mx.random.normal(s).astype(mx.float16) for s in ((1, H, T, D), (1, H, T, D), (1, H * rep, T, D)))
+                kk, vv = c.update_and_fetch(k, v)
+                o.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=D ** -0.5, mask="causal" if T > 1 else None))
+                mx.eval(o[-1])
+        outs[mode] = o
+    for mode in ("prepared", "bake"):
+        for x, y in zip(outs[mode][1:], outs["cold"][1:]):
+            np.testing.assert_array_equal(np.array(x), np.array(y))
+    import gc
+    hot = [s for s in gc.get_objects() if isinstance(s, gd.DecodeStep) and s.bake and s._hot is not None]
+    assert hot and all(s._hot[11] is not None for s in hot), "the baked kernels were not used"
+
+
 def test_window_buffer_keeps_its_capacity(monkeypatch):
     """A codec that keeps more exact tokens than 2·window + 8 (kivi encodes 32-token groups: with window 16 up to 47 exact
     tokens) gets a window buffer that grows once and keeps its capacity across encodes, instead of being reallocated

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03b_gpu.ipynb #62f6b210
 from __future__ import annotations
-import contextlib, struct, subprocess, tempfile, warnings
+import contextlib, struct, subprocess, tempfile, warnings, zlib
 from functools import lru_cache
 from pathlib import Path
 import mlx.core as mx
@@ -208,7 +208,7 @@ class GuardedKernel:
     eagerly, on the caller's inputs, inside a try. A failure to build, compile or launch warns once (`RuntimeWarning`
     naming the kernel and the error), is recorded in `FAILED`, and raises `KernelFailed`, which the cache and the codecs
     catch to take their reference path; every later call of that kernel raises `KernelFailed` at once."""
-    def __init__(self, name: str, build): self.name, self._build, self._kern = name, build, None
+    def __init__(self, name: str, build, bake=None): self.name, self._build, self._kern, self._bake, self._baked = name, build, None, bake, {}
     def __call__(self, **kw):
         if self.name in FAILED: raise KernelFailed(self.name, FAILED[self.name])
         key = _shape_class(self.name, kw)
@@ -225,6 +225,16 @@ class GuardedKernel:
         through `__call__` before (`DecodeStep`, `tiles.coded_decode`); None while it is not built, after it failed, or
         while a failure is injected (`inject_failure`: the next launch goes through the probe again)."""
         return self._kern if self._kern is not None and self.name not in FAILED and self.name not in _INJECT else None
+    def baked(self, template):
+        """CUDA: the kernel built with `template`'s values written into its source as the constants MLX writes for them
+        (`constexpr int D = 128;`, `using OT = __half;`), one kernel object per template, to be called without a template
+        (MLX then formats none per launch); for callers of `direct` only. None where `direct` is None or off CUDA. Its
+        first launch compiles it: a caller probes it once (`gpu_decode.DecodeStep`)."""
+        if self._bake is None or self.direct() is None: return None
+        key = tuple(template)
+        k = self._baked.get(key)
+        if k is None: k = self._baked[key] = self._bake(key)
+        return k
 
 def kernel_failed(name: str) -> bool: return name in FAILED
 
@@ -234,7 +244,21 @@ def _kernel(name: str, body: str, inputs: tuple, outputs: tuple, be: str) -> Gua
         return GuardedKernel(name, lambda: mx.fast.metal_kernel(name=name, input_names=list(inputs), output_names=list(outputs),
                                                                 source=PROLOGUE_METAL + body, header=COMPAT_METAL))
     return GuardedKernel(name, lambda: mx.fast.cuda_kernel(name=name, input_names=list(inputs), output_names=list(outputs),
-                                                           source=PROLOGUE_CUDA + body, header=COMPAT_CUDA))
+                                                           source=PROLOGUE_CUDA + body, header=COMPAT_CUDA),
+                         lambda t: mx.fast.cuda_kernel(name=f"{name}_b{zlib.crc32(repr(t).encode()):08x}", input_names=list(inputs),
+                                                       output_names=list(outputs), source=_consts_cuda(t) + PROLOGUE_CUDA + body,
+                                                       header=COMPAT_CUDA))
+
+_MX_CUDA_TYPES = {mx.float32: "float", mx.float16: "__half", mx.bfloat16: "__nv_bfloat16"}
+
+def _consts_cuda(template) -> str:
+    "A launch template [(name, int | bool | Dtype)] as the lines `mx.fast.cuda_kernel` writes at the top of the kernel body."
+    out = []
+    for k, v in template:
+        if isinstance(v, mx.Dtype): out.append(f"  using {k} = {_MX_CUDA_TYPES[v]};")
+        elif isinstance(v, bool): out.append(f"  constexpr bool {k} = {'true' if v else 'false'};")
+        else: out.append(f"  constexpr int {k} = {int(v)};")
+    return "\n".join(out) + "\n\n"
 
 def _float_bits(x: float) -> int:
     "The bits of float32 `x` as a signed int32 (to pass a float through the int32 `params` array)."

@@ -4,6 +4,7 @@
 
 # %% ../nbs/03b_gpu_decode.ipynb #5d1e0a03
 from __future__ import annotations
+import warnings
 import mlx.core as mx
 import veloxquant.gpu as gpu
 from .gpu import (DECODE_FINISH, DECODE_FINISH_INPUTS, DECODE_PARTIAL_OUTPUTS, FAILED, _finish_inputs,
@@ -159,11 +160,17 @@ def _merge_partials(m, l, acc, q2, ek, ev, sinks, scale: float, rep: int, merge_
     ev_ = isinstance(n_exact, mx.array)
     (out,) = kern(inputs=[m, l, acc, q2, ek, ev, sk, n_exact if ev_ else _nref(ek.shape[2] if n_exact is None else n_exact),
                           _no_sinks() if rot is None else _rot_t(rot), _no_rows() if ranges is None else ranges],
-                  template=[("D", D), ("REP", rep), ("NW", merge_warps), ("OT", out_dtype), ("HS", int(sinks is not None)),
-                            ("ROT", int(rot is not None)), ("SCALE", _float_bits(scale)), ("PR", int(ranges is not None)), ("EV", int(ev_))],
-                  grid=(32 * merge_warps * rows, 1, 1), threadgroup=(32 * merge_warps, 1, 1),
-                  output_shapes=[out_shape or (rows, D)], output_dtypes=[out_dtype])
+                  **_merge_launch(rows, D, rep, merge_warps, out_dtype, sinks is not None, rot is not None, scale, ranges is not None,
+                                  ev_, out_shape))
     return out
+
+def _merge_launch(rows: int, D: int, rep: int, merge_warps: int, out_dtype, hs: bool, rot: bool, scale: float, pr: bool, ev: bool,
+                  out_shape=None) -> dict:
+    "The merge kernel's launch arguments but its inputs (template, grid, threadgroup, output shape and dtype): see `_merge_partials`."
+    return dict(template=[("D", D), ("REP", rep), ("NW", merge_warps), ("OT", out_dtype), ("HS", int(hs)), ("ROT", int(rot)),
+                          ("SCALE", _float_bits(scale)), ("PR", int(pr)), ("EV", int(ev))],
+                grid=(32 * merge_warps * rows, 1, 1), threadgroup=(32 * merge_warps, 1, 1),
+                output_shapes=[out_shape or (rows, D)], output_dtypes=[out_dtype])
 
 class DecodeStep:
     """The launches of one decode step for one cache layout, prepared once (kernel objects, templates, grids; no
@@ -184,6 +191,10 @@ class DecodeStep:
     the safety net) through the uncompiled path are traced, and only where `n_exact` is given (a preallocated window
     buffer; exact arrays that grow would change the shapes every step). This cuts the host time of a step (Python and MLX's
     per-launch work: the kernel's source is assembled on every `mx.fast.cuda_kernel` call) to one compiled call."""
+    # defaults, read when a step is made (per instance after that): A/B switches of its host time
+    prepared = True  # False: every step through the general path (checks, templates and lists built per step)
+    bake = False     # True (CUDA): prepared launches use kernels with their templates written into the source (`GuardedKernel.baked`)
+
     def __init__(self, name, body, inputs, tmpl, B, Hq, Hkv, D, dtype, scale, warps, target=None, fused=False, rot=None, hs=False):
         be, f32 = backend(), mx.float32
         self.B, self.Hkv, self.rep, self.D, self.rows, self.dtype, self.scale = B, Hkv, Hq // Hkv, D, B * Hq, dtype, scale
@@ -201,6 +212,8 @@ class DecodeStep:
         self.per_n, self._seen = {}, set()  # _seen: the PR variants launched once through the safety net (later: direct calls)
         self.replay = bool(gpu.REPLAY_DECODE) and not self.fused
         self._replay = None  # (key, mx.compile'd step) for the current coded length n (`replay`)
+        self._hot = None  # (n, ..., prepared launch arguments) of the last layout launched directly (`__call__`'s first lines)
+        self.prepared, self.bake = DecodeStep.prepared, DecodeStep.bake
 
     def _launch(self, n, pr=0):
         split = decode_split(n, self.B * self.Hkv, self.target, warps=self.warps); ns = -(-n // split)
@@ -223,6 +236,14 @@ class DecodeStep:
         return step
 
     def __call__(self, inputs, n, queries, ek, ev, sinks=None, n_exact=None, rows=None):
+        h = self._hot  # the last checked layout's two launches, prepared: a step of it builds no template, list or key
+        if (h is not None and rows is None and sinks is None and h[0] == n and h[1] == (n_exact is None, gpu.MERGE_WARPS)
+                and ek.dtype == h[2] and ev.dtype == h[3]):
+            kp, km = self.kern.direct(), h[4].direct()  # None after a failure elsewhere or while one is injected
+            if kp is not None and km is not None:
+                if h[11] is not None: kp, km = h[11]  # `bake`: the kernels with their templates written in
+                m, l, acc = kp(inputs=inputs + h[5], **h[6])
+                return km(inputs=[m, l, acc, queries, ek, ev, h[7], _nref(ek.shape[2] if n_exact is None else n_exact), h[8], h[9]], **h[10])[0]
         pr = int(rows is not None)
         tmpl, grid, shapes, sref = self.per_n.get((n, pr)) or self._launch(n, pr)
         if self.fused and not pr:
@@ -251,7 +272,32 @@ class DecodeStep:
         out = _merge_partials(m, l, acc, queries, ek, ev, sinks, self.scale, self.rep, gpu.MERGE_WARPS, self.dtype, n_exact,
                               rot=self.rot, out_shape=self.oshape, ranges=rows, verified=direct)
         self._seen.add(seen)
+        if self.prepared and direct and rows is None and sinks is None and not isinstance(n_exact, mx.array):
+            self._prepare(n, tmpl, grid, shapes, [_nref(n), sref] + rr, ek, ev, n_exact, (inputs, queries, out))
         return out
+
+    def _prepare(self, n, tmpl, grid, shapes, tail, ek, ev, n_exact, probe):
+        """After a step launched directly (its layout checked): the launch arguments of the next steps of this layout, for
+        `__call__`'s first lines. With `bake` (CUDA), kernels with the templates written into their source
+        (`GuardedKernel.baked`), probed once on this step's inputs against its output (`probe`: inputs, queries, out)."""
+        mk = _merge_kernel()
+        pkw = dict(template=tmpl, grid=grid, threadgroup=self.tg, output_shapes=shapes, output_dtypes=[mx.float32] * 3)
+        mkw = _merge_launch(self.rows, self.D, self.rep, gpu.MERGE_WARPS, self.dtype, False, self.rot is not None, self.scale,
+                            False, False, self.oshape)
+        fix = [_no_sinks(), _no_sinks() if self.rot is None else _rot_t(self.rot), _no_rows()]
+        baked = None
+        if self.bake and (kp := self.kern.baked(tmpl)) is not None and (km := mk.baked(mkw["template"])) is not None:
+            nt = lambda d: {k: v for k, v in d.items() if k != "template"}
+            inputs, queries, out = probe
+            try:
+                m, l, acc = kp(inputs=inputs + tail, **nt(pkw))
+                E = _nref(ek.shape[2] if n_exact is None else n_exact)
+                same = mx.array_equal(km(inputs=[m, l, acc, queries, ek, ev, fix[0], E, fix[1], fix[2]], **nt(mkw))[0], out).item()
+            except Exception as e: same = f"{type(e).__name__}: {str(e)[:300]}"
+            if same is True: baked, pkw, mkw = (kp, km), nt(pkw), nt(mkw)
+            else: warnings.warn(f"veloxquant: {self.kern.name} with its template written into the source "
+                                f"{'gave another output' if same is False else 'failed: ' + same}; its steps pass the template", RuntimeWarning)
+        self._hot = (n, (n_exact is None, gpu.MERGE_WARPS), ek.dtype, ev.dtype, mk, tail, pkw, *fix, mkw, baked)
 
 def decode_hook(supported, plan, arrays, rotation=None):
     """A cache's `fused_decode` hook (see `VQCache`) over a method's decode kernel: `supported(head_dim, rep)` says whether
