@@ -6,12 +6,13 @@
 #   bash scripts/gpu_s25.sh layer     # one layer's decode step through the cache (B = 8 32k 8 deep, then B = 1 32 deep), the kernels
 #                                     # alone beside fp16 SDPA, then the generic coded path at 32k (scripts/bench_tiles.py)
 #   bash scripts/gpu_s25.sh parts     # where a custom-kernel launch's host cost goes (scripts/launch_cost_parts.py)
+#   bash scripts/gpu_s25.sh build     # where a B = 1 token's graph build goes: cProfile per spec (scripts/profile_build.py), 8k and 32k
 #   bash scripts/gpu_s25.sh host      # GPU parity of DecodeStep's prepared and baked launches, the launch-cost parts, then B = 1 decode of
 #                                     # the 32-layer model (scripts/profile_b1.py): each method without the prepared launches (@cold),
 #                                     # with them (the default) and baked (@bake), stock beside them, rounds interleaved; then the
 #                                     # end-to-end benchmark once with the defaults
 set -u
-case "${1:-}" in targets|layer|parts|host) ;; *) echo "usage: bash scripts/gpu_s25.sh targets|layer|parts|host (see the comments at the top)"; exit 2 ;; esac
+case "${1:-}" in targets|layer|parts|host|build) ;; *) echo "usage: bash scripts/gpu_s25.sh targets|layer|parts|host|build (see the comments at the top)"; exit 2 ;; esac
 TAG=s25 . scripts/gpu_common.sh
 AFF="affine:key_bits=4,value_bits=4"; TQ="turboquant:key_bits=3,value_bits=3"
 gen() {  # $1: replay flag (0/1), $2: output tag
@@ -39,5 +40,7 @@ case "$1" in
      timeout ${TB1:-240} python3 scripts/profile_b1.py $OUT/b1_prepared_ab_s25.json --contexts 8192,32768 --steps 64 --rounds ${ROUNDS:-3} --no-build \
        --specs "stock;$AFF@cold;$AFF;$AFF@bake;$TQ@cold;$TQ;$TQ@bake" 2>&1 | grep -v Warning | grep -v layout | cut -c1-200 | tail -n 42
      ROUNDS=1 TG=${TG:-130} gen 0 prepared ;;
+  build) for C in 8192 32768; do timeout ${TPB:-100} python3 scripts/profile_build.py $OUT/profile_build_${C}_s25.json --context $C 2>&1 \
+           | grep -v Warning | tail -n 60; done ;;
   parts) timeout ${TP:-120} python3 scripts/launch_cost_parts.py $OUT/launch_cost_parts_s25.json 2>&1 | grep -v Warning | tail -n 12 ;;
 esac
