@@ -75,7 +75,7 @@ import veloxquant.cache as _vc
 for _n in ("blockwise_attention", "compiled_decode_attention", "query_blocked_sdpa"): _count(_vc, _n)
 _count(_vc.tiles, "tiled_decode"); _count(_vc.VQCache, "_fused")
 def make(spec):
-    "The caches of `spec` (stock, a method spec, or one ending in @replay), their decode steps prepared by 8 steps."
+    "The caches of `spec` (stock, a method spec, or one ending in @replay, @cold or @bake), their decode steps prepared by 8 steps."
     method, _, opt = spec.partition("@")
     if opt not in ("", "replay", "cold", "bake"): raise SystemExit(f"unknown spec option @{opt} (allowed: @replay, @cold, @bake)")
     gpu.REPLAY_DECODE = opt == "replay"  # read when a cache prepares its decode step (the warm-up steps)

@@ -30,7 +30,7 @@ _DT = {"float": mx.float32, "__half": mx.float16, "__nv_bfloat16": mx.bfloat16}
 def _written_template(source):
     "The template values a kernel built by `GuardedKernel.baked` has written at the top of its source, as launch values."
     t = {}
-    for m in re.finditer(r"^  (?:constexpr (?:int|bool) (\w+) = (\w+)|using (\w+) = (\w+));$", source, flags=re.M):
+    for m in re.finditer(r"^  (?:constexpr (?:int|bool) (\w+) = (-?\w+)|using (\w+) = (\w+));$", source, flags=re.M):
         if m.group(1): t[m.group(1)] = {"true": True, "false": False}.get(m.group(2)) if m.group(2) in ("true", "false") else int(m.group(2))
         else: t[m.group(3)] = _DT[m.group(4)]
     return t

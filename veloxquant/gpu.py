@@ -229,7 +229,7 @@ class GuardedKernel:
         """CUDA: the kernel built with `template`'s values written into its source as the constants MLX writes for them
         (`constexpr int D = 128;`, `using OT = __half;`), one kernel object per template, to be called without a template
         (MLX then formats none per launch); for callers of `direct` only. None where `direct` is None or off CUDA. Its
-        first launch compiles it: a caller probes it once (`gpu_decode.DecodeStep`)."""
+        first launch compiles it: a caller probes it (`gpu_decode.DecodeStep`: once per pair of templates)."""
         if self._bake is None or self.direct() is None: return None
         key = tuple(template)
         k = self._baked.get(key)

@@ -213,7 +213,7 @@ class DecodeStep:
         self.replay = bool(gpu.REPLAY_DECODE) and not self.fused
         self._replay = None  # (key, mx.compile'd step) for the current coded length n (`replay`)
         self._hot = None  # (n, ..., prepared launch arguments) of the last layout launched directly (`__call__`'s first lines)
-        self.prepared, self.bake = DecodeStep.prepared, DecodeStep.bake
+        self.prepared, self.bake, self._baked = DecodeStep.prepared, DecodeStep.bake, {}
 
     def _launch(self, n, pr=0):
         split = decode_split(n, self.B * self.Hkv, self.target, warps=self.warps); ns = -(-n // split)
@@ -236,8 +236,8 @@ class DecodeStep:
         return step
 
     def __call__(self, inputs, n, queries, ek, ev, sinks=None, n_exact=None, rows=None):
-        h = self._hot  # the last checked layout's two launches, prepared: a step of it builds no template, list or key
-        if (h is not None and rows is None and sinks is None and h[0] == n and h[1] == (n_exact is None, gpu.MERGE_WARPS)
+        h = self._hot  # the last checked layout's two launches, prepared: a step of it builds no template or key, only the input lists
+        if (h is not None and rows is None and sinks is None and h[0] == n and h[1] == (type(n_exact), gpu.MERGE_WARPS)
                 and ek.dtype == h[2] and ev.dtype == h[3]):
             kp, km = self.kern.direct(), h[4].direct()  # None after a failure elsewhere or while one is injected
             if kp is not None and km is not None:
@@ -278,26 +278,32 @@ class DecodeStep:
 
     def _prepare(self, n, tmpl, grid, shapes, tail, ek, ev, n_exact, probe):
         """After a step launched directly (its layout checked): the launch arguments of the next steps of this layout, for
-        `__call__`'s first lines. With `bake` (CUDA), kernels with the templates written into their source
-        (`GuardedKernel.baked`), probed once on this step's inputs against its output (`probe`: inputs, queries, out)."""
+        `__call__`'s first lines (they run again whenever the coded length `n` changes). With `bake` (CUDA), kernels with
+        the templates written into their source (`GuardedKernel.baked`), probed on this step's inputs against its output
+        (`probe`: inputs, queries, out) once per pair of templates: the verdict is kept (`_baked`), a failed one too."""
         mk = _merge_kernel()
         pkw = dict(template=tmpl, grid=grid, threadgroup=self.tg, output_shapes=shapes, output_dtypes=[mx.float32] * 3)
         mkw = _merge_launch(self.rows, self.D, self.rep, gpu.MERGE_WARPS, self.dtype, False, self.rot is not None, self.scale,
                             False, False, self.oshape)
         fix = [_no_sinks(), _no_sinks() if self.rot is None else _rot_t(self.rot), _no_rows()]
-        baked = None
-        if self.bake and (kp := self.kern.baked(tmpl)) is not None and (km := mk.baked(mkw["template"])) is not None:
-            nt = lambda d: {k: v for k, v in d.items() if k != "template"}
+        bkey, nt = (tuple(tmpl), tuple(mkw["template"])), lambda d: {k: v for k, v in d.items() if k != "template"}
+        baked = self._baked.get(bkey)  # a pair of kernels, False (not available or its probe failed) or None (not tried yet)
+        if baked is None and self.bake:
             inputs, queries, out = probe
             try:
-                m, l, acc = kp(inputs=inputs + tail, **nt(pkw))
-                E = _nref(ek.shape[2] if n_exact is None else n_exact)
-                same = mx.array_equal(km(inputs=[m, l, acc, queries, ek, ev, fix[0], E, fix[1], fix[2]], **nt(mkw))[0], out).item()
+                kp, km = self.kern.baked(tmpl), mk.baked(mkw["template"])
+                if kp is None or km is None: same = None  # off CUDA, or a kernel failed meanwhile
+                else:
+                    m, l, acc = kp(inputs=inputs + tail, **nt(pkw))
+                    E = _nref(ek.shape[2] if n_exact is None else n_exact)
+                    same = mx.array_equal(km(inputs=[m, l, acc, queries, ek, ev, fix[0], E, fix[1], fix[2]], **nt(mkw))[0], out).item()
             except Exception as e: same = f"{type(e).__name__}: {str(e)[:300]}"
-            if same is True: baked, pkw, mkw = (kp, km), nt(pkw), nt(mkw)
-            else: warnings.warn(f"veloxquant: {self.kern.name} with its template written into the source "
-                                f"{'gave another output' if same is False else 'failed: ' + same}; its steps pass the template", RuntimeWarning)
-        self._hot = (n, (n_exact is None, gpu.MERGE_WARPS), ek.dtype, ev.dtype, mk, tail, pkw, *fix, mkw, baked)
+            if isinstance(same, str) or same is False:
+                warnings.warn(f"veloxquant: {self.kern.name} with its template written into the source "
+                              f"{'gave another output' if same is False else 'failed: ' + same}; its steps pass the template", RuntimeWarning)
+            baked = self._baked[bkey] = (kp, km) if same is True else False
+        if baked: pkw, mkw = nt(pkw), nt(mkw)
+        self._hot = (n, (type(n_exact), gpu.MERGE_WARPS), ek.dtype, ev.dtype, mk, tail, pkw, *fix, mkw, baked or None)
 
 def decode_hook(supported, plan, arrays, rotation=None):
     """A cache's `fused_decode` hook (see `VQCache`) over a method's decode kernel: `supported(head_dim, rep)` says whether
